@@ -1,0 +1,62 @@
+# Copyright (c) multinode.vllm contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: fabric_probe_report
+short_description: Assemble every host's fabric probe into the all-pairs matrix
+version_added: 0.1.0
+description:
+  - Takes each host's registered M(multinode.vllm.fabric_probe) result (phase V(probe)) and returns the
+    matrix, the management reachability table, and every broken pair as C(src -> dst (ip): what).
+  - A host with no result (failed earlier) makes all its pairs broken, so nothing is silently skipped.
+author: multinode.vllm contributors
+options:
+  _input:
+    description: C(hostvars).
+    type: dict
+    required: true
+  hosts:
+    description: The cluster hosts.
+    type: list
+    elements: str
+    required: true
+  result_var:
+    description: The name each host registered its probe result under.
+    type: str
+    default: __fabric_probe
+"""
+
+EXAMPLES = r"""
+- name: Assemble the matrix
+  ansible.builtin.set_fact:
+    fabric_report: "{{ hostvars | multinode.vllm.fabric_probe_report(ansible_play_hosts_all, 'probe') }}"
+  run_once: true
+"""
+
+RETURN = r"""
+_value:
+  description: The report.
+  type: dict
+  contains:
+    ok: {description: True when no pair is broken., type: bool}
+    broken: {description: Broken pairs., type: list, elements: str}
+    pairs: {description: "One row per ordered pair: src, dst, dst_fabric_ip, ok, rtt_ms, mtu_ok.", type: list, elements: dict}
+    mgmt: {description: "One row per ordered pair: src, dst, address, reachable, detail.", type: list, elements: dict}
+"""
+
+from ansible_collections.multinode.vllm.plugins.module_utils._probe import assemble_report
+
+
+def fabric_probe_report(hostvars, hosts, result_var="__fabric_probe"):
+    results = {}
+    for host in hosts:
+        value = hostvars[host].get(result_var)
+        if value:
+            results[str(host)] = dict(value)
+    return assemble_report(results, [str(h) for h in hosts])
+
+
+class FilterModule:
+    def filters(self):
+        return {"fabric_probe_report": fabric_probe_report}

@@ -1,0 +1,47 @@
+# Copyright (c) multinode.vllm contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: vllm_non_carry_over
+short_description: The keys vLLM must not copy from the head to Ray workers
+version_added: 0.1.0
+description:
+  - vLLM's Ray executor copies the driver's C(VLLM_*), C(NCCL_*), C(UCX_*) (and a few more) variables to every
+    worker, overwriting per-host values, unless the key is listed in C(ray_non_carry_over_env_vars.json) under
+    C(VLLM_CONFIG_ROOT) on the node running C(vllm serve).
+  - Returns the per-host keys present in any node's environment plus every carried key whose value differs
+    between nodes.
+author: multinode.vllm contributors
+options:
+  _input:
+    description: Each host's environment (from P(multinode.vllm.fabric_node_env#filter)), keyed by host.
+    type: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Write vLLM's non-carry-over list
+  ansible.builtin.copy:
+    content: "{{ envs_by_host | multinode.vllm.vllm_non_carry_over | to_nice_json }}"
+    dest: /etc/multinode-vllm/vllm/ray_non_carry_over_env_vars.json
+    mode: "0644"
+"""
+
+RETURN = r"""
+_value:
+  description: Sorted key names.
+  type: list
+  elements: str
+"""
+
+from ansible_collections.multinode.vllm.plugins.module_utils._env import non_carry_over_keys
+
+
+def vllm_non_carry_over(envs_by_host):
+    return non_carry_over_keys({str(h): dict(env) for h, env in dict(envs_by_host).items()})
+
+
+class FilterModule:
+    def filters(self):
+        return {"vllm_non_carry_over": vllm_non_carry_over}

@@ -1,0 +1,272 @@
+# Copyright (c) multinode.vllm contributors
+# Apache License 2.0 (see LICENSE)
+"""One source of truth for a node's environment and command lines.
+
+Every runtime (docker, systemd, the lab's process runtime) renders what these
+functions return, so what the lab proves is what a container gets. Pure: no
+Ansible imports, no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from ._fabric import FabricError, FabricSelection, parse_cidr
+
+# Keys whose value is specific to one node. vLLM's Ray executor copies the
+# driver's (head's) NCCL_*/UCX_* values to every worker unless the key is in
+# ray_non_carry_over_env_vars.json, so these are always listed there.
+PER_HOST_KEYS = (
+    "VLLM_HOST_IP",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "UCX_NET_DEVICES",
+)
+
+# Prefixes vLLM 0.32 copies from the driver to Ray workers
+# (vllm/ray/ray_env.py DEFAULT_ENV_VAR_PREFIXES).
+CARRIED_PREFIXES = ("VLLM_", "FLASH_ATTENTION_", "LMCACHE_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_")
+
+NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+GID_SELECTIONS = ("addr_range", "index")
+BACKENDS = ("ray", "native")
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """Cluster-wide settings that shape a node's environment."""
+
+    fabric_cidr: str
+    head_fabric_ip: str
+    backend: str = "ray"
+    master_port: int = 29500
+    gid_selection: str = "addr_range"
+    vllm_config_root: Optional[str] = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _check_key(key: str, where: str) -> None:
+    if not _ENV_KEY.match(key):
+        raise FabricError("%s: %r is not a valid environment variable name" % (where, key))
+
+
+def node_environment(
+    selection: FabricSelection,
+    settings: EnvSettings,
+    overrides: Optional[Mapping[str, Any]] = None,
+) -> dict[str, str]:
+    """The environment of every cluster process on one node (ray start, vllm serve, preflight).
+
+    ``settings.extra`` adds keys cluster-wide but may not replace a computed
+    key; ``overrides`` (per host, an escape hatch) may, and is applied last.
+    """
+    host = selection.host
+    if settings.backend not in BACKENDS:
+        raise FabricError("backend %r is not one of %s" % (settings.backend, ", ".join(BACKENDS)))
+    if settings.gid_selection not in GID_SELECTIONS:
+        raise FabricError(
+            "gid_selection %r is not one of %s" % (settings.gid_selection, ", ".join(GID_SELECTIONS))
+        )
+    cidr = parse_cidr(settings.fabric_cidr, host)
+    iface = selection.interface
+    env: dict[str, str] = {
+        # vLLM's get_ip() returns this; each node its own fabric address.
+        "VLLM_HOST_IP": selection.ip,
+        # Gloo and TensorPipe take a concrete interface name (no ^ or = syntax).
+        "GLOO_SOCKET_IFNAME": iface,
+        "TP_SOCKET_IFNAME": iface,
+        # '=' makes NCCL match the name exactly, not as a prefix that could
+        # also match the mgmt NIC.
+        "NCCL_SOCKET_IFNAME": "=" + iface,
+    }
+    if selection.rdma_ports:
+        env["NCCL_IB_HCA"] = "=" + ",".join(selection.hca_ports)
+        if settings.gid_selection == "index":
+            if selection.gid_index is None:
+                raise FabricError(
+                    "%s: gid_selection is 'index' but no RoCE v2 GID on %s carries %s; use gid_selection "
+                    "'addr_range' or fix the RoCE configuration" % (host, ",".join(selection.hca_ports), selection.ip)
+                )
+            env["NCCL_IB_GID_INDEX"] = str(selection.gid_index)
+        else:
+            # One value for every host, even where the GID index differs.
+            env["NCCL_IB_ADDR_RANGE"] = str(cidr)
+        env["UCX_NET_DEVICES"] = ",".join(selection.hca_ports)
+    else:
+        env["UCX_NET_DEVICES"] = iface
+    if settings.backend == "native":
+        env["MASTER_ADDR"] = settings.head_fabric_ip
+        env["MASTER_PORT"] = str(settings.master_port)
+    if settings.vllm_config_root:
+        env["VLLM_CONFIG_ROOT"] = settings.vllm_config_root
+
+    for key, value in (settings.extra or {}).items():
+        _check_key(key, host)
+        if key in env:
+            raise FabricError(
+                "%s: extra environment sets %s, which the collection computes from the fabric (%s=%s); "
+                "use the per-host override variable if you really mean to replace it" % (host, key, key, env[key])
+            )
+        env[key] = str(value)
+    for key, value in (overrides or {}).items():
+        _check_key(key, host)
+        env[key] = str(value)
+    return env
+
+
+def non_carry_over_keys(envs_by_host: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Keys vLLM must not copy from the head to the workers.
+
+    The per-host keys present anywhere, plus every carried key whose value
+    differs between hosts (or is missing on some).
+    """
+    keys: set[str] = set()
+    all_keys: set[str] = set()
+    for env in envs_by_host.values():
+        all_keys.update(env)
+    for key in all_keys:
+        values = {env.get(key) for env in envs_by_host.values()}
+        if key in PER_HOST_KEYS:
+            keys.add(key)
+        elif key.startswith(CARRIED_PREFIXES) and len(values) > 1:
+            keys.add(key)
+    return sorted(keys)
+
+
+def non_carry_over_json(envs_by_host: Mapping[str, Mapping[str, str]]) -> str:
+    """Content of vLLM's ray_non_carry_over_env_vars.json (a JSON list)."""
+    return json.dumps(non_carry_over_keys(envs_by_host), indent=2) + "\n"
+
+
+def carry_over_hazards(
+    envs_by_host: Mapping[str, Mapping[str, str]], listed: Sequence[str]
+) -> list[str]:
+    """NCCL_*/UCX_* keys whose values differ between hosts and are not in ``listed``."""
+    errors = []
+    listed_set = set(listed)
+    all_keys = sorted({k for env in envs_by_host.values() for k in env})
+    for key in all_keys:
+        if not key.startswith(("NCCL_", "UCX_")) or key in listed_set:
+            continue
+        values = {host: env.get(key) for host, env in sorted(envs_by_host.items())}
+        if len(set(values.values())) > 1:
+            shown = ", ".join("%s=%s" % (h, v if v is not None else "<unset>") for h, v in values.items())
+            errors.append(
+                "%s differs between hosts (%s) but is not in %s on the head: vLLM would overwrite the workers' "
+                "values with the head's; add it to the list or make the values equal" % (key, shown, NON_CARRY_OVER_FILE)
+            )
+    return errors
+
+
+def env_file(env: Mapping[str, str]) -> str:
+    """KEY=VALUE lines, readable by docker --env-file, systemd EnvironmentFile and the lab runtime.
+
+    Values are written raw (no quotes) because docker's env-file format takes
+    them literally; a value with a newline cannot be represented and is refused.
+    """
+    lines = []
+    for key in sorted(env):
+        _check_key(key, "env file")
+        value = str(env[key])
+        if "\n" in value or "\r" in value:
+            raise FabricError("environment value of %s contains a newline, which env files cannot carry" % key)
+        lines.append("%s=%s" % (key, value))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# ray start
+# ---------------------------------------------------------------------------
+
+# ray start flag for each pinned port setting (Ray 2.60 `ray start --help`).
+RAY_PORT_FLAGS = {
+    "node_manager_port": "--node-manager-port",
+    "object_manager_port": "--object-manager-port",
+    "runtime_env_agent_port": "--runtime-env-agent-port",
+    "dashboard_agent_grpc_port": "--dashboard-agent-grpc-port",
+    "dashboard_agent_listen_port": "--dashboard-agent-listen-port",
+    "metrics_export_port": "--metrics-export-port",
+    "min_worker_port": "--min-worker-port",
+    "max_worker_port": "--max-worker-port",
+}
+RAY_HEAD_ONLY_PORT_FLAGS = {
+    "ray_client_server_port": "--ray-client-server-port",
+    "dashboard_port": "--dashboard-port",
+}
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    gcs_port: int = 6379
+    ports: Mapping[str, int] = field(default_factory=dict)
+    include_dashboard: bool = False
+    dashboard_host: str = "127.0.0.1"
+    num_gpus: Optional[int] = None
+    num_cpus: Optional[int] = None
+    block: bool = True
+    extra_args: Sequence[str] = ()
+
+
+def _port(value: Any, what: str) -> str:
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise FabricError("%s must be a TCP port number; got %r" % (what, value))
+    if not 1 <= port <= 65535:
+        raise FabricError("%s must be between 1 and 65535; got %d" % (what, port))
+    return str(port)
+
+
+def ray_start_args(
+    role: str,
+    node_ip: str,
+    head_ip: str,
+    settings: RaySettings,
+) -> list[str]:
+    """Arguments after ``ray`` for a head or worker, always with --node-ip-address."""
+    if role not in ("head", "worker"):
+        raise FabricError("role must be 'head' or 'worker'; got %r" % (role,))
+    args = ["start"]
+    if role == "head":
+        if node_ip != head_ip:
+            raise FabricError("head node_ip %s differs from head_ip %s" % (node_ip, head_ip))
+        args += ["--head", "--node-ip-address", node_ip, "--port", _port(settings.gcs_port, "gcs_port")]
+        if settings.include_dashboard:
+            args += ["--include-dashboard=true", "--dashboard-host", settings.dashboard_host]
+        else:
+            args += ["--include-dashboard=false"]
+    else:
+        args += [
+            "--address",
+            "%s:%s" % (head_ip, _port(settings.gcs_port, "gcs_port")),
+            "--node-ip-address",
+            node_ip,
+        ]
+    flags = dict(RAY_PORT_FLAGS)
+    if role == "head":
+        flags.update(RAY_HEAD_ONLY_PORT_FLAGS)
+    for name in sorted(settings.ports):
+        if name not in RAY_PORT_FLAGS and name not in RAY_HEAD_ONLY_PORT_FLAGS:
+            raise FabricError(
+                "unknown Ray port setting %r; known: %s"
+                % (name, ", ".join(sorted(list(RAY_PORT_FLAGS) + list(RAY_HEAD_ONLY_PORT_FLAGS))))
+            )
+        if name in flags and settings.ports[name] is not None:
+            args += [flags[name], _port(settings.ports[name], name)]
+    if settings.num_gpus is not None:
+        args += ["--num-gpus", str(int(settings.num_gpus))]
+    if settings.num_cpus is not None:
+        args += ["--num-cpus", str(int(settings.num_cpus))]
+    args += [str(a) for a in settings.extra_args]
+    if settings.block:
+        args.append("--block")
+    return args

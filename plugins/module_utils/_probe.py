@@ -1,0 +1,385 @@
+# Copyright (c) multinode.vllm contributors
+# Apache License 2.0 (see LICENSE)
+"""Fabric reachability probe: short-lived listeners, per-peer checks, the all-pairs report.
+
+The probe needs nothing on the host but Python and ``ip``: no ICMP tools, no
+packages. Each host starts a listener (TCP and UDP on its fabric address and
+the probe port) that lives for a bounded time, then every host probes every
+peer. ``assemble_report`` (pure) turns the per-host results into the matrix
+and the list of broken pairs the controller fails on.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import select
+import socket
+import statistics
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+# Linux socket options for "do not fragment" on UDP (linux/in.h).
+IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
+IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
+IPV4_UDP_OVERHEAD = 28  # 20-byte IPv4 header + 8-byte UDP header
+
+MAGIC = b"MNVLLM-PROBE"
+
+
+class ProbeError(Exception):
+    """The probe could not run (bad parameters, port taken); the message says why."""
+
+
+def _fmt_seconds(value: float) -> str:
+    return "%g s" % value
+
+
+# ---------------------------------------------------------------------------
+# Listener
+# ---------------------------------------------------------------------------
+
+
+def _quit_stale_listener(ip: str, port: int) -> None:
+    """Ask an earlier probe listener on ip:port to exit (it answers only to our protocol)."""
+    try:
+        with socket.create_connection((ip, port), timeout=1.0) as conn:
+            conn.sendall(MAGIC + b" QUIT\n")
+    except OSError:
+        pass
+
+
+def bind_listener(ip: str, port: int, wait: float = 3.0) -> tuple[socket.socket, socket.socket]:
+    """Bind the TCP and UDP listener sockets on ip:port, replacing a stale probe listener."""
+    deadline = time.monotonic() + wait
+    asked = False
+    while True:
+        tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            tcp.bind((ip, port))
+            udp.bind((ip, port))
+            tcp.listen(64)
+            return tcp, udp
+        except OSError as exc:
+            tcp.close()
+            udp.close()
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ProbeError("cannot listen on %s:%d: this host does not carry %s" % (ip, port, ip))
+            if exc.errno != errno.EADDRINUSE:
+                raise ProbeError("cannot listen on %s:%d: %s" % (ip, port, exc.strerror))
+            if not asked:
+                _quit_stale_listener(ip, port)
+                asked = True
+            if time.monotonic() > deadline:
+                raise ProbeError(
+                    "cannot listen on %s:%d: the port is in use by another program; choose another "
+                    "fabric_probe_port" % (ip, port)
+                )
+            time.sleep(0.2)
+
+
+def serve(
+    tcp: socket.socket,
+    udp: socket.socket,
+    host: str,
+    expected_peers: Sequence[str],
+    lifetime: float,
+) -> None:
+    """Answer probes until every expected peer said DONE, a QUIT arrives, or lifetime ends."""
+    deadline = time.monotonic() + lifetime
+    done: set[str] = set()
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def handle(conn: socket.socket) -> None:
+        conn.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            reader = conn.makefile("rb")
+            for line in reader:
+                parts = line.strip().split()
+                if len(parts) < 2 or parts[0] != MAGIC:
+                    return
+                verb = parts[1]
+                if verb == b"PING":
+                    conn.sendall(MAGIC + b" PONG " + host.encode() + b"\n")
+                elif verb == b"DONE" and len(parts) > 2:
+                    with lock:
+                        done.add(parts[2].decode(errors="replace"))
+                        if set(expected_peers) <= done:
+                            stop.set()
+                    return
+                elif verb == b"QUIT":
+                    stop.set()
+                    return
+        except OSError:
+            return
+        finally:
+            conn.close()
+
+    while not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        readable, _, _ = select.select([tcp, udp], [], [], min(remaining, 0.5))
+        for sock in readable:
+            if sock is udp:
+                try:
+                    data, peer = udp.recvfrom(65535)
+                    udp.sendto(data, peer)
+                except OSError:
+                    pass
+            else:
+                try:
+                    conn, _ = tcp.accept()
+                except OSError:
+                    continue
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+    tcp.close()
+    udp.close()
+
+
+def spawn_listener(
+    ip: str, port: int, host: str, expected_peers: Sequence[str], lifetime: float
+) -> int:
+    """Bind now (errors surface here), then serve from a detached grandchild. Returns its pid."""
+    tcp, udp = bind_listener(ip, port)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the detached process
+        try:
+            os.setsid()
+            grandchild = os.fork()
+            if grandchild:
+                os.write(write_end, str(grandchild).encode())
+                os._exit(0)
+            os.close(read_end)
+            os.close(write_end)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            serve(tcp, udp, host, expected_peers, lifetime)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    tcp.close()
+    udp.close()
+    os.waitpid(child, 0)
+    with os.fdopen(read_end, "rb") as handle:
+        pid_text = handle.read().decode()
+    return int(pid_text) if pid_text.isdigit() else 0
+
+
+# ---------------------------------------------------------------------------
+# Probing one peer
+# ---------------------------------------------------------------------------
+
+
+def route_get(ip: str) -> dict[str, Any]:
+    out = subprocess.run(["ip", "-j", "route", "get", ip], check=True, capture_output=True, text=True).stdout
+    data = json.loads(out or "[]")
+    return data[0] if data else {}
+
+
+def evaluate_route(route: Mapping[str, Any], interface: str, local_ip: str) -> Optional[str]:
+    """None if the route to a peer leaves through the fabric interface from the fabric address."""
+    dev = route.get("dev")
+    src = route.get("prefsrc")
+    if dev != interface:
+        via = " via %s" % route["gateway"] if route.get("gateway") else ""
+        return "route leaves through %s%s, not the fabric interface %s" % (dev or "nothing", via, interface)
+    if src != local_ip:
+        return "route source is %s, not the fabric address %s" % (src, local_ip)
+    return None
+
+
+def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float, me: str) -> dict[str, Any]:
+    result: dict[str, Any] = {"ok": False, "error": None, "connect_ms": None, "rtt_ms": None, "answered_by": None}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.bind((local_ip, 0))
+        start = time.monotonic()
+        sock.connect((peer_ip, port))
+        result["connect_ms"] = round((time.monotonic() - start) * 1000, 3)
+        reader = sock.makefile("rb")
+        rtts = []
+        for _ in range(5):
+            start = time.monotonic()
+            sock.sendall(MAGIC + b" PING\n")
+            line = reader.readline().split()
+            rtts.append((time.monotonic() - start) * 1000)
+            if len(line) < 3 or line[0] != MAGIC or line[1] != b"PONG":
+                result["error"] = "port %d answered, but not with the probe protocol" % port
+                return result
+            result["answered_by"] = line[2].decode(errors="replace")
+        result["rtt_ms"] = round(statistics.median(rtts), 3)
+        sock.sendall(MAGIC + b" DONE " + me.encode() + b"\n")
+        result["ok"] = True
+    except socket.timeout:
+        result["error"] = "timed out after %s" % _fmt_seconds(timeout)
+    except ConnectionRefusedError:
+        result["error"] = "connection refused on port %d (no probe listener there, or a firewall rejects it)" % port
+    except OSError as exc:
+        result["error"] = exc.strerror or str(exc)
+    finally:
+        sock.close()
+    return result
+
+
+def _mtu_check(local_ip: str, peer_ip: str, port: int, mtu: int, timeout: float) -> dict[str, Any]:
+    size = max(0, mtu - IPV4_UDP_OVERHEAD)
+    result: dict[str, Any] = {"ok": False, "mtu": mtu, "payload": size, "error": None}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+        sock.bind((local_ip, 0))
+        payload = (MAGIC + b" MTU ") + os.urandom(max(0, size - len(MAGIC) - 5))
+        payload = payload[:size]
+        attempts = 3
+        for _ in range(attempts):
+            try:
+                sock.sendto(payload, (peer_ip, port))
+            except OSError as exc:
+                if exc.errno == errno.EMSGSIZE:
+                    result["error"] = "a %d-byte packet does not fit the local path MTU (EMSGSIZE)" % mtu
+                    return result
+                raise
+            ready, _, _ = select.select([sock], [], [], timeout / attempts)
+            if ready:
+                data, _ = sock.recvfrom(65535)
+                if data == payload:
+                    result["ok"] = True
+                    return result
+        result["error"] = (
+            "a %d-byte packet with don't-fragment set got no echo within %s (MTU mismatch on the path?)"
+            % (mtu, _fmt_seconds(timeout))
+        )
+    except OSError as exc:
+        result["error"] = exc.strerror or str(exc)
+    finally:
+        sock.close()
+    return result
+
+
+def _mgmt_check(mgmt_ip: Optional[str], port: int, timeout: float) -> dict[str, Any]:
+    if not mgmt_ip:
+        return {"address": None, "reachable": None, "detail": "peer management address unknown"}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect((mgmt_ip, port))
+        return {"address": mgmt_ip, "reachable": True, "detail": "port %d accepted" % port}
+    except ConnectionRefusedError:
+        return {"address": mgmt_ip, "reachable": True, "detail": "port %d refused (host answers)" % port}
+    except socket.timeout:
+        return {"address": mgmt_ip, "reachable": False, "detail": "timed out after %s" % _fmt_seconds(timeout)}
+    except OSError as exc:
+        return {"address": mgmt_ip, "reachable": False, "detail": exc.strerror or str(exc)}
+    finally:
+        sock.close()
+
+
+def probe_peer(
+    me: str,
+    interface: str,
+    local_ip: str,
+    peer: Mapping[str, Any],
+    port: int,
+    timeout: float,
+    mtu: int,
+    mgmt_port: int,
+    mgmt_timeout: float,
+    get_route: Callable[[str], Mapping[str, Any]] = route_get,
+) -> dict[str, Any]:
+    peer_ip = str(peer["fabric_ip"])
+    try:
+        route = dict(get_route(peer_ip))
+        route_error = evaluate_route(route, interface, local_ip)
+    except (OSError, subprocess.CalledProcessError, ValueError) as exc:
+        route, route_error = {}, "ip route get %s failed: %s" % (peer_ip, exc)
+    tcp = _tcp_check(local_ip, peer_ip, port, timeout, me)
+    mtu_result = _mtu_check(local_ip, peer_ip, port, mtu, timeout) if tcp["ok"] else {
+        "ok": False, "mtu": mtu, "payload": mtu - IPV4_UDP_OVERHEAD, "error": "skipped: TCP failed"}
+    return {
+        "host": str(peer["host"]),
+        "fabric_ip": peer_ip,
+        "route": {"dev": route.get("dev"), "src": route.get("prefsrc"), "ok": route_error is None,
+                  "error": route_error},
+        "tcp": tcp,
+        "mtu": mtu_result,
+        "mgmt": _mgmt_check(peer.get("mgmt_ip"), mgmt_port, mgmt_timeout),
+    }
+
+
+def probe_peers(me: str, interface: str, local_ip: str, peers: Sequence[Mapping[str, Any]], **kwargs: Any) -> list:
+    """Probe every peer in parallel (a 16-node cluster with one dead peer still takes ~timeout)."""
+    if not peers:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(peers))) as pool:
+        futures = [pool.submit(probe_peer, me, interface, local_ip, peer, **kwargs) for peer in peers]
+        return [f.result() for f in futures]
+
+
+# ---------------------------------------------------------------------------
+# The all-pairs report (pure; runs on the controller)
+# ---------------------------------------------------------------------------
+
+
+def pair_problems(src: str, result: Mapping[str, Any]) -> list[str]:
+    """Every problem of one src -> peer result, as `src -> peer (ip): what`."""
+    label = "%s -> %s (%s)" % (src, result["host"], result["fabric_ip"])
+    problems = []
+    if not result["route"]["ok"]:
+        problems.append("%s: %s" % (label, result["route"]["error"]))
+    if not result["tcp"]["ok"]:
+        problems.append("%s: %s" % (label, result["tcp"]["error"]))
+    elif result["tcp"].get("answered_by") not in (None, result["host"]):
+        problems.append(
+            "%s: answered by %s, not %s (duplicate fabric address?)" % (label, result["tcp"]["answered_by"], result["host"])
+        )
+    elif not result["mtu"]["ok"]:
+        problems.append("%s: %s" % (label, result["mtu"]["error"]))
+    return problems
+
+
+def assemble_report(results: Mapping[str, Any], hosts: Sequence[str]) -> dict[str, Any]:
+    """All-pairs matrix from each host's probe result.
+
+    ``results`` maps host -> its fabric_probe return (``peers`` list), or a
+    dict with ``failed``/``msg`` when the host could not probe at all.
+    """
+    broken: list[str] = []
+    pairs: list[dict[str, Any]] = []
+    mgmt: list[dict[str, Any]] = []
+    for src in hosts:
+        data = results.get(src)
+        if not data or data.get("failed") or "peers" not in data:
+            reason = (data or {}).get("msg") or "no probe result"
+            for dst in hosts:
+                if dst != src:
+                    broken.append("%s -> %s: not probed (%s)" % (src, dst, reason))
+            continue
+        seen = set()
+        for result in data["peers"]:
+            seen.add(result["host"])
+            problems = pair_problems(src, result)
+            broken.extend(problems)
+            pairs.append({
+                "src": src,
+                "dst": result["host"],
+                "dst_fabric_ip": result["fabric_ip"],
+                "ok": not problems,
+                "rtt_ms": result["tcp"].get("rtt_ms"),
+                "mtu_ok": result["mtu"]["ok"],
+            })
+            mgmt.append({"src": src, "dst": result["host"], **result["mgmt"]})
+        for dst in hosts:
+            if dst != src and dst not in seen:
+                broken.append("%s -> %s: not probed (peer missing from the probe list)" % (src, dst))
+    return {"ok": not broken, "broken": broken, "pairs": pairs, "mgmt": mgmt}

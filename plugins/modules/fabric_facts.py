@@ -1,0 +1,125 @@
+#!/usr/bin/python
+# Copyright (c) multinode.vllm contributors
+# Apache License 2.0 (see LICENSE)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: fabric_facts
+short_description: Find this host's fabric interface, address, MTU and RDMA ports
+version_added: 0.1.0
+description:
+  - Reads the host's interfaces (C(/sys/class/net), C(ip -j addr), C(ip -j route)) and RDMA devices
+    (C(/sys/class/infiniband)), then chooses the interface and address on O(fabric_cidr).
+  - Fails with a message that names the host, the values seen and the fix when no usable fabric
+    address exists, several are ambiguous, or the interface is down.
+  - Read-only.
+author:
+  - multinode.vllm contributors
+extends_documentation_fragment:
+  - multinode.vllm.attributes
+  - multinode.vllm.attributes.READ_ONLY
+options:
+  fabric_cidr:
+    description: The fabric subnet, for example V(198.18.200.0/24).
+    type: str
+    required: true
+  fabric_ip:
+    description: The address this host must carry on the fabric (from host_vars). Optional.
+    type: str
+  fabric_interface:
+    description: The interface to use when several carry fabric addresses. Optional.
+    type: str
+  host:
+    description: The name used in messages, normally C(inventory_hostname); the system hostname when unset.
+    type: str
+notes:
+  - Only IPv4 is supported on the fabric.
+"""
+
+EXAMPLES = r"""
+- name: Gather fabric facts
+  multinode.vllm.fabric_facts:
+    fabric_cidr: "{{ fabric_cidr }}"
+    fabric_ip: "{{ fabric_ip | default(omit) }}"
+    fabric_interface: "{{ fabric_interface | default(omit) }}"
+    host: "{{ inventory_hostname }}"
+
+- name: Show the chosen fabric address
+  ansible.builtin.debug:
+    msg: "{{ multinode_fabric.interface }} {{ multinode_fabric.ip }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts set on the host.
+  returned: success
+  type: dict
+  contains:
+    multinode_fabric:
+      description: The fabric selection.
+      type: dict
+      contains:
+        host: {description: Host name used in messages., type: str}
+        interface: {description: Fabric interface name., type: str, sample: enp1s0f1np1}
+        ip: {description: Fabric IPv4 address., type: str, sample: 198.18.200.12}
+        prefix: {description: Prefix length of the fabric address., type: int, sample: 24}
+        network: {description: The on-link fabric network., type: str, sample: 198.18.200.0/24}
+        mtu: {description: MTU of the fabric interface., type: int, sample: 9000}
+        hca_ports: {description: RDMA C(hca:port) names whose netdev is the fabric interface., type: list, elements: str}
+        rdma: {description: Those RDMA ports with state and link layer., type: list, elements: dict}
+        gid_index: {description: Index of the RoCE v2 GID that carries the fabric address, if any., type: int}
+        mgmt_interface: {description: The interface holding the default route., type: str, sample: eth0}
+        mgmt_ip: {description: Its first IPv4 address., type: str, sample: 198.19.1.10}
+        warnings: {description: Non-fatal observations., type: list, elements: str}
+    multinode_network:
+      description: The raw interface and RDMA data the choice was made from.
+      type: dict
+"""
+
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.multinode.vllm.plugins.module_utils._fabric import (
+    FabricError,
+    parse_network,
+    select_fabric,
+)
+from ansible_collections.multinode.vllm.plugins.module_utils._sysfs import read_network
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            fabric_cidr=dict(type="str", required=True),
+            fabric_ip=dict(type="str"),
+            fabric_interface=dict(type="str"),
+            host=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+    host = module.params["host"] or socket.gethostname()
+    try:
+        raw = read_network()
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg="%s: could not read interfaces with `ip -j`: %s" % (host, exc))
+    try:
+        selection = select_fabric(
+            host,
+            parse_network(raw),
+            module.params["fabric_cidr"],
+            fabric_ip=module.params["fabric_ip"],
+            fabric_interface=module.params["fabric_interface"],
+        )
+    except FabricError as exc:
+        module.fail_json(msg=str(exc), multinode_network=raw)
+    for warning in selection.warnings:
+        module.warn(warning)
+    module.exit_json(
+        changed=False,
+        ansible_facts=dict(multinode_fabric=selection.as_dict(), multinode_network=raw),
+    )
+
+
+if __name__ == "__main__":
+    main()
