@@ -1,5 +1,6 @@
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -12,7 +13,7 @@ description:
   - With every host's C(multinode_fabric) fact, also checks that fabric addresses are unique and on one subnet,
     that MTUs are equal, and that the inventory's C(fabric_ip) is what each host really carries.
   - Returns the list of error messages; empty means the cluster is consistent.
-author: multinode.vllm contributors
+author: multinode.vllm maintainers (@multinode)
 options:
   _input:
     description: C(hostvars).

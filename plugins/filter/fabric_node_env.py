@@ -1,5 +1,6 @@
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -11,7 +12,7 @@ description:
     C(NCCL_SOCKET_IFNAME) (exact-match form), C(NCCL_IB_HCA) (exact C(=hca:port) form), C(NCCL_IB_ADDR_RANGE)
     or C(NCCL_IB_GID_INDEX), C(UCX_NET_DEVICES), and C(MASTER_ADDR)/C(MASTER_PORT) for the native backend.
   - Every runtime (docker, systemd, process) renders this one dictionary.
-author: multinode.vllm contributors
+author: multinode.vllm maintainers (@multinode)
 options:
   _input:
     description: The host's C(multinode_fabric) fact (from M(multinode.vllm.fabric_facts)).

@@ -1,5 +1,6 @@
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -8,9 +9,9 @@ short_description: Assemble every host's fabric probe into the all-pairs matrix
 version_added: 0.1.0
 description:
   - Takes each host's registered M(multinode.vllm.fabric_probe) result (phase V(probe)) and returns the
-    matrix, the management reachability table, and every broken pair as C(src -> dst (ip): what).
+    matrix, the management reachability table, and every broken pair, each naming source, destination, address and cause.
   - A host with no result (failed earlier) makes all its pairs broken, so nothing is silently skipped.
-author: multinode.vllm contributors
+author: multinode.vllm maintainers (@multinode)
 options:
   _input:
     description: C(hostvars).

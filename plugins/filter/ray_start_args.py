@@ -1,5 +1,6 @@
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -9,7 +10,7 @@ version_added: 0.1.0
 description:
   - Head, C(start --head --node-ip-address <fabric ip> --port <gcs port>) with the dashboard off unless asked;
     worker, C(start --address <head fabric ip>:<gcs port> --node-ip-address <own fabric ip>); plus pinned ports.
-author: multinode.vllm contributors
+author: multinode.vllm maintainers (@multinode)
 options:
   _input:
     description: This node's fabric address.

@@ -1,5 +1,6 @@
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -12,7 +13,7 @@ description:
     C(VLLM_CONFIG_ROOT) on the node running C(vllm serve).
   - Returns the per-host keys present in any node's environment plus every carried key whose value differs
     between nodes.
-author: multinode.vllm contributors
+author: multinode.vllm maintainers (@multinode)
 options:
   _input:
     description: Each host's environment (from P(multinode.vllm.fabric_node_env#filter)), keyed by host.

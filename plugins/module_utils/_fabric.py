@@ -1,5 +1,6 @@
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """The fabric model: which interface and address a host uses for cluster traffic.
 
 Pure and typed: no Ansible imports, no I/O. ``fabric_facts`` reads a host and

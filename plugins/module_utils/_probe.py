@@ -1,5 +1,6 @@
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Fabric reachability probe: short-lived listeners, per-peer checks, the all-pairs report.
 
 The probe needs nothing on the host but Python and ``ip``: no ICMP tools, no
@@ -126,7 +127,7 @@ def serve(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        readable, _, _ = select.select([tcp, udp], [], [], min(remaining, 0.5))
+        readable = select.select([tcp, udp], [], [], min(remaining, 0.5))[0]
         for sock in readable:
             if sock is udp:
                 try:
@@ -136,7 +137,7 @@ def serve(
                     pass
             else:
                 try:
-                    conn, _ = tcp.accept()
+                    conn = tcp.accept()[0]
                 except OSError:
                     continue
                 threading.Thread(target=handle, args=(conn,), daemon=True).start()
@@ -209,7 +210,7 @@ def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float, me: str) 
         result["connect_ms"] = round((time.monotonic() - start) * 1000, 3)
         reader = sock.makefile("rb")
         rtts = []
-        for _ in range(5):
+        for _attempt in range(5):
             start = time.monotonic()
             sock.sendall(MAGIC + b" PING\n")
             line = reader.readline().split()
@@ -242,7 +243,7 @@ def _mtu_check(local_ip: str, peer_ip: str, port: int, mtu: int, timeout: float)
         payload = (MAGIC + b" MTU ") + os.urandom(max(0, size - len(MAGIC) - 5))
         payload = payload[:size]
         attempts = 3
-        for _ in range(attempts):
+        for _attempt in range(attempts):
             try:
                 sock.sendto(payload, (peer_ip, port))
             except OSError as exc:
@@ -250,9 +251,9 @@ def _mtu_check(local_ip: str, peer_ip: str, port: int, mtu: int, timeout: float)
                     result["error"] = "a %d-byte packet does not fit the local path MTU (EMSGSIZE)" % mtu
                     return result
                 raise
-            ready, _, _ = select.select([sock], [], [], timeout / attempts)
+            ready = select.select([sock], [], [], timeout / attempts)[0]
             if ready:
-                data, _ = sock.recvfrom(65535)
+                data = sock.recvfrom(65535)[0]
                 if data == payload:
                     result["ok"] = True
                     return result
@@ -383,3 +384,12 @@ def assemble_report(results: Mapping[str, Any], hosts: Sequence[str]) -> dict[st
             if dst != src and dst not in seen:
                 broken.append("%s -> %s: not probed (peer missing from the probe list)" % (src, dst))
     return {"ok": not broken, "broken": broken, "pairs": pairs, "mgmt": mgmt}
+
+
+def peer_list(fabric_by_host: Mapping[str, Mapping[str, Any]], me: str) -> list[dict[str, Any]]:
+    """The probe's peer list for ``me``: every other host's name, fabric and mgmt address."""
+    return [
+        {"host": host, "fabric_ip": fabric["ip"], "mgmt_ip": fabric.get("mgmt_ip")}
+        for host, fabric in fabric_by_host.items()
+        if host != me
+    ]

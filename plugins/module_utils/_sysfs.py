@@ -1,5 +1,6 @@
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Read a host's interfaces and RDMA ports into the plain data the fabric model takes.
 
 I/O only, no decisions: ``_fabric.parse_network`` consumes the result. The

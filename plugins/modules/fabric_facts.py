@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -14,7 +15,7 @@ description:
     address exists, several are ambiguous, or the interface is down.
   - Read-only.
 author:
-  - multinode.vllm contributors
+  - multinode.vllm maintainers (@multinode)
 extends_documentation_fragment:
   - multinode.vllm.attributes
   - multinode.vllm.attributes.READ_ONLY
@@ -67,7 +68,7 @@ ansible_facts:
         mtu: {description: MTU of the fabric interface., type: int, sample: 9000}
         hca_ports: {description: RDMA C(hca:port) names whose netdev is the fabric interface., type: list, elements: str}
         rdma: {description: Those RDMA ports with state and link layer., type: list, elements: dict}
-        gid_index: {description: Index of the RoCE v2 GID that carries the fabric address, if any., type: int}
+        gid_index: {description: Index of the RoCE v2 GID that carries the fabric address (null when none)., type: int}
         mgmt_interface: {description: The interface holding the default route., type: str, sample: eth0}
         mgmt_ip: {description: Its first IPv4 address., type: str, sample: 198.19.1.10}
         warnings: {description: Non-fatal observations., type: list, elements: str}

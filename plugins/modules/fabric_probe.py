@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright (c) multinode.vllm contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -19,7 +20,7 @@ description:
     every host's result into the all-pairs matrix and the role fails listing every broken pair.
   - Needs only Python and C(ip) on the host; no ICMP tools or packages.
 author:
-  - multinode.vllm contributors
+  - multinode.vllm maintainers (@multinode)
 extends_documentation_fragment:
   - multinode.vllm.attributes
   - multinode.vllm.attributes.READ_ONLY
@@ -51,7 +52,9 @@ options:
     suboptions:
       host: {description: Peer inventory name., type: str, required: true}
       fabric_ip: {description: Peer fabric address., type: str, required: true}
-      mgmt_ip: {description: Peer management address (reported, never failed)., type: str}
+      mgmt_ip:
+        description: Peer management address; reported, never failed.
+        type: str
   port:
     description: TCP and UDP port of the probe listener, on the fabric address.
     type: int

@@ -1,0 +1,70 @@
+# multinode.vllm: one entry point for setup, fast checks, the full test, the lab and the demo.
+# `make check` is the fast inner loop; `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+COLLECTIONS := $(CURDIR)/.cache/collections
+COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/multinode/vllm
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(BIN):$(PATH)
+# The repo root is the collection: import it as ansible_collections.multinode.vllm.
+export PYTHONPATH := $(COLLECTIONS)
+SYSTEM_PACKAGES := openssh-server iproute2 nftables procps psmisc curl
+
+-include lab/lab.mk
+-include lab/lab-runtime.mk
+
+.PHONY: help setup system-deps check unit lint sanity build test integration lock clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+system-deps: ## Install the Debian packages the lab needs (root; only what is missing)
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "system-deps: need root to install:$$missing" >&2; exit 1; fi; \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(BIN)/.stamp: requirements/controller.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements/controller.lock
+	touch $@
+
+$(COLLECTION_LINK):
+	mkdir -p $(dir $@)
+	ln -sfn $(CURDIR) $@
+
+setup: $(BIN)/.stamp $(COLLECTION_LINK) ## Create .venv (pinned controller tools) and link the collection
+
+lock: ## Re-pin requirements/controller.lock from requirements/controller.in
+	rm -rf .cache/lockvenv && $(PYTHON) -m venv .cache/lockvenv
+	.cache/lockvenv/bin/pip install -q -r requirements/controller.in
+	{ echo '# Generated from requirements/controller.in with `pip freeze` (Python 3.11). Regenerate with `make lock`.'; \
+	  .cache/lockvenv/bin/pip freeze; } > requirements/controller.lock
+
+unit: setup ## Unit tests of module_utils, modules and filters
+	$(BIN)/pytest -q tests/unit
+
+lint: setup ## ansible-lint (production profile)
+	$(BIN)/ansible-lint -q
+
+check: unit lint ## The fast inner loop: unit tests and lint
+
+sanity: setup ## ansible-test sanity on a copy of the collection
+	tests/sanity/run.sh $(BIN)
+
+build: setup ## Build the collection tarball and install it into a fresh collections path
+	tests/build/run.sh $(BIN)
+
+integration: setup system-deps ## Integration tests over the lab (needs root)
+	$(BIN)/pytest -q tests/integration
+
+test: check sanity build integration ## Everything CI runs
+
+clean: ## Remove the venv and caches (not the lab; see lab-down / lab-clean)
+	rm -rf $(VENV) .cache .pytest_cache tests/output
