@@ -11,6 +11,7 @@ description:
   - Takes each host's registered M(multinode.vllm.fabric_probe) result (phase V(probe)) and returns the
     matrix, the management reachability table, and every broken pair, each naming source, destination, address and cause.
   - A host with no result (failed earlier) makes all its pairs broken, so nothing is silently skipped.
+  - A host whose fabric link is down (C(link_error) in its C(multinode_fabric) fact) is listed first.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -51,11 +52,13 @@ from ansible_collections.multinode.vllm.plugins.module_utils._probe import assem
 
 def fabric_probe_report(hostvars, hosts, result_var="__fabric_probe"):
     results = {}
+    link_errors = {}
     for host in hosts:
         value = hostvars[host].get(result_var)
         if value:
             results[str(host)] = dict(value)
-    return assemble_report(results, [str(h) for h in hosts])
+        link_errors[str(host)] = (hostvars[host].get("multinode_fabric") or {}).get("link_error")
+    return assemble_report(results, [str(h) for h in hosts], link_errors)
 
 
 class FilterModule:

@@ -95,6 +95,9 @@ class FabricSelection:
     mgmt_interface: Optional[str] = None
     mgmt_ip: Optional[str] = None
     warnings: tuple[str, ...] = field(default=())
+    # Set instead of raising when the caller allows a down link (the probe then
+    # names every pair it breaks).
+    link_error: Optional[str] = None
 
     @property
     def ip(self) -> str:
@@ -127,6 +130,7 @@ class FabricSelection:
             "mgmt_interface": self.mgmt_interface,
             "mgmt_ip": self.mgmt_ip,
             "warnings": list(self.warnings),
+            "link_error": self.link_error,
         }
 
     @classmethod
@@ -154,9 +158,11 @@ class FabricSelection:
                 mgmt_interface=data.get("mgmt_interface"),
                 mgmt_ip=data.get("mgmt_ip"),
                 warnings=tuple(data.get("warnings") or ()),
+                link_error=data.get("link_error"),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise FabricError("fabric facts are incomplete or malformed (%s): %r" % (exc, dict(data)))
+            shown = dict(data) if isinstance(data, Mapping) else data
+            raise FabricError("fabric facts are incomplete or malformed (%s): %r" % (exc, shown))
 
 
 # ---------------------------------------------------------------------------
@@ -254,8 +260,13 @@ def select_fabric(
     fabric_cidr: Any,
     fabric_ip: Optional[str] = None,
     fabric_interface: Optional[str] = None,
+    allow_link_down: bool = False,
 ) -> FabricSelection:
-    """Choose the host's fabric interface and address, or raise FabricError."""
+    """Choose the host's fabric interface and address, or raise FabricError.
+
+    With ``allow_link_down`` a down link is returned as ``link_error`` rather
+    than raised, so a cluster-wide probe can still name every affected pair.
+    """
     cidr = parse_cidr(fabric_cidr, host)
     wanted_ip: Optional[ipaddress.IPv4Address] = None
     if fabric_ip:
@@ -291,8 +302,8 @@ def select_fabric(
             candidates = chosen
         elif not candidates:
             raise FabricError(
-                "%s: fabric_interface %s has no address in fabric_cidr %s (it has %s)"
-                % (host, iface.name, cidr, ",".join(map(str, iface.addresses)) or "no IPv4")
+                "%s: fabric_interface %s has no address in fabric_cidr %s (it has %s); assign it one or fix "
+                "host_vars/%s.yml" % (host, iface.name, cidr, ",".join(map(str, iface.addresses)) or "no IPv4", host)
             )
     elif wanted_ip is not None:
         holders = [i for i in network.interfaces if any(a.ip == wanted_ip for a in i.addresses)]
@@ -328,12 +339,13 @@ def select_fabric(
     _check_usable_address(host, address.ip, "fabric address")
 
     link_down = iface.operstate.lower() in ("down", "lowerlayerdown", "notpresent")
+    link_error = None
     if link_down or iface.carrier is False:
         state = iface.operstate.lower() if link_down else "up without carrier"
-        raise FabricError(
-            "%s: fabric interface %s (%s) is %s; check the cable and run `ip link set %s up`"
-            % (host, iface.name, address.ip, state, iface.name)
-        )
+        link_error = "%s: fabric interface %s (%s) is %s; check the cable and run `ip link set %s up`" % (
+            host, iface.name, address.ip, state, iface.name)
+        if not allow_link_down:
+            raise FabricError(link_error)
 
     warnings: list[str] = []
     if iface.default_route:
@@ -360,6 +372,7 @@ def select_fabric(
         mgmt_interface=mgmt.name if mgmt is not None else None,
         mgmt_ip=mgmt_ip,
         warnings=tuple(warnings),
+        link_error=link_error,
     )
 
 
@@ -389,7 +402,10 @@ def check_heads(head_hosts: Sequence[str], hosts: Iterable[str]) -> list[str]:
             % (len(heads), ", ".join(heads))
         ]
     if heads[0] not in known:
-        return ["ray_head host %s is not one of the cluster hosts (%s)" % (heads[0], ", ".join(sorted(known)))]
+        return [
+            "ray_head host %s is not one of the cluster hosts (%s); put one of them in group ray_head"
+            % (heads[0], ", ".join(sorted(known)))
+        ]
     return []
 
 

@@ -349,13 +349,18 @@ def pair_problems(src: str, result: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def assemble_report(results: Mapping[str, Any], hosts: Sequence[str]) -> dict[str, Any]:
+def assemble_report(
+    results: Mapping[str, Any],
+    hosts: Sequence[str],
+    link_errors: Optional[Mapping[str, Optional[str]]] = None,
+) -> dict[str, Any]:
     """All-pairs matrix from each host's probe result.
 
     ``results`` maps host -> its fabric_probe return (``peers`` list), or a
     dict with ``failed``/``msg`` when the host could not probe at all.
+    ``link_errors`` (host -> message) come first: they explain the pairs after.
     """
-    broken: list[str] = []
+    broken: list[str] = [msg for host in hosts for msg in [(link_errors or {}).get(host)] if msg]
     pairs: list[dict[str, Any]] = []
     mgmt: list[dict[str, Any]] = []
     for src in hosts:

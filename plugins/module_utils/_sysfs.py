@@ -62,7 +62,8 @@ def read_interfaces(sys_root: str = "/sys", ip: Runner = run_ip) -> list[dict[st
         }
     names = set(by_name)
     if os.path.isdir(net_dir):
-        names.update(os.listdir(net_dir))
+        # Interfaces are directories; bonding_masters is a plain file beside them.
+        names.update(n for n in os.listdir(net_dir) if os.path.isdir(os.path.join(net_dir, n)))
     result = []
     for name in sorted(names):
         base = os.path.join(net_dir, name)

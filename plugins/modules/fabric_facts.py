@@ -30,6 +30,12 @@ options:
   fabric_interface:
     description: The interface to use when several carry fabric addresses. Optional.
     type: str
+  allow_link_down:
+    description:
+      - Return a down or carrier-less fabric interface as RV(ansible_facts.multinode_fabric.link_error) instead of failing,
+        so that the cluster-wide probe can name every pair the link breaks.
+    type: bool
+    default: false
   host:
     description: The name used in messages, normally C(inventory_hostname); the system hostname when unset.
     type: str
@@ -72,6 +78,7 @@ ansible_facts:
         mgmt_interface: {description: The interface holding the default route., type: str, sample: eth0}
         mgmt_ip: {description: Its first IPv4 address., type: str, sample: 198.19.1.10}
         warnings: {description: Non-fatal observations., type: list, elements: str}
+        link_error: {description: Why the fabric link is unusable (only with O(allow_link_down)); null when it is up., type: str}
     multinode_network:
       description: The raw interface and RDMA data the choice was made from.
       type: dict
@@ -96,6 +103,7 @@ def main() -> None:
             fabric_ip=dict(type="str"),
             fabric_interface=dict(type="str"),
             host=dict(type="str"),
+            allow_link_down=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -111,6 +119,7 @@ def main() -> None:
             module.params["fabric_cidr"],
             fabric_ip=module.params["fabric_ip"],
             fabric_interface=module.params["fabric_interface"],
+            allow_link_down=module.params["allow_link_down"],
         )
     except FabricError as exc:
         module.fail_json(msg=str(exc), multinode_network=raw)
