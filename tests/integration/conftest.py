@@ -1,0 +1,66 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Shared helpers for integration tests over the network-namespace lab (docs/lab.md)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LABCTL = ROOT / "lab" / "labctl"
+LAB_INVENTORY = ROOT / "inventories" / "lab"
+BIN = ROOT / ".venv" / "bin"
+
+
+@dataclass
+class PlaybookRun:
+    rc: int
+    output: str
+    seconds: float
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root (network namespaces, sshd)")
+
+
+def labctl(*args: str, check: bool = True) -> str:
+    result = subprocess.run([str(LABCTL), *args], capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError("labctl %s failed (%d): %s%s" % (" ".join(args), result.returncode, result.stdout, result.stderr))
+    return result.stdout + result.stderr
+
+
+def ansible_env() -> dict:
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        PYTHONPATH=str(ROOT / ".cache" / "collections"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        PATH="%s:%s" % (BIN, env.get("PATH", "")),
+    )
+    return env
+
+
+def run_playbook(playbook: str, *args: str, inventory: Path | str = LAB_INVENTORY, timeout: int = 600) -> PlaybookRun:
+    """Run a playbook of this repo against the lab; never raises on failure."""
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook), *args]
+    start = time.monotonic()
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ansible_env(), cwd=str(ROOT),
+                            timeout=timeout, check=False)
+    return PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
+
+
+@pytest.fixture(scope="session")
+def lab2():
+    """A 2-node lab, brought up if needed (idempotent) and left in place for later tests."""
+    require_root()
+    labctl("up", "2")
+    yield LAB_INVENTORY
