@@ -45,8 +45,35 @@ def _fmt_seconds(value: float) -> str:
 # ---------------------------------------------------------------------------
 
 
+def control_address(port: int) -> str:
+    """Abstract unix socket of the listener on ``port``.
+
+    Abstract sockets belong to the network namespace, so each node has its own,
+    and no firewall rule on the fabric can block stopping a listener.
+    """
+    return "\0multinode-vllm-probe-%d" % port
+
+
+def stop_listener(port: int) -> bool:
+    """Ask this node's probe listener on ``port`` to exit. True if one was there."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(1.0)
+            conn.connect(control_address(port))
+            conn.sendall(MAGIC + b" QUIT\n")
+            conn.recv(16)  # the listener closes once it has stopped serving
+        return True
+    except OSError:
+        return False
+
+
 def _quit_stale_listener(ip: str, port: int) -> None:
-    """Ask an earlier probe listener on ip:port to exit (it answers only to our protocol)."""
+    """Ask an earlier probe listener on ip:port to exit (it answers only to our protocol).
+
+    The control socket first; then over TCP, for a listener that has none.
+    """
+    if stop_listener(port):
+        return
     try:
         with socket.create_connection((ip, port), timeout=1.0) as conn:
             conn.sendall(MAGIC + b" QUIT\n")
@@ -91,6 +118,7 @@ def serve(
     host: str,
     expected_peers: Sequence[str],
     lifetime: float,
+    control: Optional[socket.socket] = None,
 ) -> None:
     """Answer probes until every expected peer said DONE, a QUIT arrives, or lifetime ends."""
     deadline = time.monotonic() + lifetime
@@ -127,9 +155,16 @@ def serve(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        readable = select.select([tcp, udp], [], [], min(remaining, 0.5))[0]
+        watched = [tcp, udp] + ([control] if control is not None else [])
+        readable = select.select(watched, [], [], min(remaining, 0.5))[0]
         for sock in readable:
-            if sock is udp:
+            if control is not None and sock is control:
+                try:
+                    conn = control.accept()[0]
+                except OSError:
+                    continue
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+            elif sock is udp:
                 try:
                     data, peer = udp.recvfrom(65535)
                     udp.sendto(data, peer)
@@ -143,13 +178,38 @@ def serve(
                 threading.Thread(target=handle, args=(conn,), daemon=True).start()
     tcp.close()
     udp.close()
+    if control is not None:
+        control.close()
+
+
+def bind_control(port: int) -> socket.socket:
+    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        control.bind(control_address(port))
+    except OSError:
+        control.close()
+        stop_listener(port)
+        time.sleep(0.2)
+        control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            control.bind(control_address(port))
+        except OSError as exc:
+            control.close()
+            raise ProbeError("cannot create the probe's control socket for port %d: %s" % (port, exc))
+    control.listen(8)
+    return control
 
 
 def spawn_listener(
     ip: str, port: int, host: str, expected_peers: Sequence[str], lifetime: float
 ) -> int:
     """Bind now (errors surface here), then serve from a detached grandchild. Returns its pid."""
-    tcp, udp = bind_listener(ip, port)
+    control = bind_control(port)
+    try:
+        tcp, udp = bind_listener(ip, port)
+    except ProbeError:
+        control.close()
+        raise
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the detached process
@@ -164,12 +224,13 @@ def spawn_listener(
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            serve(tcp, udp, host, expected_peers, lifetime)
+            serve(tcp, udp, host, expected_peers, lifetime, control)
         finally:
             os._exit(0)
     os.close(write_end)
     tcp.close()
     udp.close()
+    control.close()
     os.waitpid(child, 0)
     with os.fdopen(read_end, "rb") as handle:
         pid_text = handle.read().decode()
@@ -199,7 +260,7 @@ def evaluate_route(route: Mapping[str, Any], interface: str, local_ip: str) -> O
     return None
 
 
-def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float, me: str) -> dict[str, Any]:
+def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float) -> dict[str, Any]:
     result: dict[str, Any] = {"ok": False, "error": None, "connect_ms": None, "rtt_ms": None, "answered_by": None}
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.settimeout(timeout)
@@ -220,7 +281,6 @@ def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float, me: str) 
                 return result
             result["answered_by"] = line[2].decode(errors="replace")
         result["rtt_ms"] = round(statistics.median(rtts), 3)
-        sock.sendall(MAGIC + b" DONE " + me.encode() + b"\n")
         result["ok"] = True
     except socket.timeout:
         result["error"] = "timed out after %s" % _fmt_seconds(timeout)
@@ -231,6 +291,15 @@ def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float, me: str) 
     finally:
         sock.close()
     return result
+
+
+def _say_done(local_ip: str, peer_ip: str, port: int, timeout: float, me: str) -> None:
+    """Tell the peer's listener this host has finished probing it (it exits once every peer has)."""
+    try:
+        with socket.create_connection((peer_ip, port), timeout=timeout, source_address=(local_ip, 0)) as conn:
+            conn.sendall(MAGIC + b" DONE " + me.encode() + b"\n")
+    except OSError:
+        pass
 
 
 def _mtu_check(local_ip: str, peer_ip: str, port: int, mtu: int, timeout: float) -> dict[str, Any]:
@@ -304,9 +373,12 @@ def probe_peer(
         route_error = evaluate_route(route, interface, local_ip)
     except (OSError, subprocess.CalledProcessError, ValueError) as exc:
         route, route_error = {}, "ip route get %s failed: %s" % (peer_ip, exc)
-    tcp = _tcp_check(local_ip, peer_ip, port, timeout, me)
+    tcp = _tcp_check(local_ip, peer_ip, port, timeout)
     mtu_result = _mtu_check(local_ip, peer_ip, port, mtu, timeout) if tcp["ok"] else {
         "ok": False, "mtu": mtu, "payload": mtu - IPV4_UDP_OVERHEAD, "error": "skipped: TCP failed"}
+    if tcp["ok"]:
+        # Only after the MTU echo: the listener may exit on the last DONE.
+        _say_done(local_ip, peer_ip, port, timeout, me)
     return {
         "host": str(peer["host"]),
         "fabric_ip": peer_ip,

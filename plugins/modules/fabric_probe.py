@@ -18,6 +18,8 @@ description:
     unreachable management address is reported, not failed.
   - The module does not fail on broken pairs; the P(multinode.vllm.fabric_probe_report#filter) filter assembles
     every host's result into the all-pairs matrix and the role fails listing every broken pair.
+  - Phase V(stop) stops this host's listener early (through a unix socket private to the host's network
+    namespace, so a firewall on the fabric cannot get in the way).
   - Needs only Python and C(ip) on the host; no ICMP tools or packages.
 author:
   - multinode.vllm maintainers (@multinode)
@@ -26,9 +28,9 @@ extends_documentation_fragment:
   - multinode.vllm.attributes.READ_ONLY
 options:
   phase:
-    description: V(listen) starts this host's listener; V(probe) probes the peers.
+    description: V(listen) starts this host's listener; V(probe) probes the peers; V(stop) stops the listener.
     type: str
-    choices: [listen, probe]
+    choices: [listen, probe, stop]
     required: true
   host:
     description: This host's inventory name (peers identify the listener by it).
@@ -113,6 +115,10 @@ peers:
     tcp: {description: "C(ok), C(error), C(connect_ms), C(rtt_ms) and C(answered_by).", type: dict}
     mtu: {description: "C(ok), C(mtu), C(payload) and C(error) of the don't-fragment UDP echo.", type: dict}
     mgmt: {description: "C(address), C(reachable) and C(detail) of the peer's management address.", type: dict}
+stopped:
+  description: Whether a listener was running and has been asked to stop (phase V(stop)).
+  returned: phase is stop
+  type: bool
 problems:
   description: This host's broken pairs, as C(src -> dst (ip) - what).
   returned: phase is probe
@@ -127,13 +133,14 @@ from ansible_collections.multinode.vllm.plugins.module_utils._probe import (
     pair_problems,
     probe_peers,
     spawn_listener,
+    stop_listener,
 )
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            phase=dict(type="str", choices=["listen", "probe"], required=True),
+            phase=dict(type="str", choices=["listen", "probe", "stop"], required=True),
             host=dict(type="str", required=True),
             fabric_ip=dict(type="str", required=True),
             fabric_interface=dict(type="str"),
@@ -158,6 +165,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
+    if p["phase"] == "stop":
+        module.exit_json(changed=False, stopped=stop_listener(p["port"]))
     if p["phase"] == "listen":
         try:
             pid = spawn_listener(
