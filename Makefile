@@ -12,23 +12,16 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 # The repo root is the collection: import it as ansible_collections.multinode.vllm.
 export PYTHONPATH := $(COLLECTIONS)
-SYSTEM_PACKAGES := openssh-server iproute2 nftables procps psmisc curl
 
--include lab/lab.mk
--include lab/lab-runtime.mk
+include lab/lab.mk
+include lab/lab-runtime.mk
 
-.PHONY: help setup system-deps check unit lint sanity build test integration lock clean
+.PHONY: help setup system-deps check unit lint sanity build test integration molecule lock clean demo demo-down lab-runtime
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-system-deps: ## Install the Debian packages the lab needs (root; only what is missing)
-	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" != 0 ]; then echo "system-deps: need root to install:$$missing" >&2; exit 1; fi; \
-	  echo "installing:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
-	fi
+system-deps: lab-deps ## Install the Debian packages the lab needs (root; only what is missing)
 
 $(BIN)/.stamp: requirements/controller.lock
 	$(PYTHON) -m venv $(VENV)
@@ -61,10 +54,25 @@ sanity: setup ## ansible-test sanity on a copy of the collection
 build: setup ## Build the collection tarball and install it into a fresh collections path
 	tests/build/run.sh $(BIN)
 
-integration: setup system-deps ## Integration tests over the lab (needs root)
-	$(BIN)/pytest -q tests/integration
+lab-runtime: lab-venv lab-model ## Build the lab's node venv (Ray, vLLM CPU) and the tiny model (cached)
 
-test: check sanity build integration ## Everything CI runs
+integration: setup system-deps lab-runtime ## Lab tests and integration tests over the lab (root)
+	$(BIN)/pytest -q -p no:cacheprovider tests/lab tests/integration
+
+molecule: setup system-deps lab-runtime ## The molecule scenario(s) over the lab
+	cd $(CURDIR) && $(BIN)/molecule test --all
+
+test: check sanity build integration molecule ## Everything CI runs
+	@$(LABCTL) down >/dev/null
+	@echo "make test: all passed"
 
 clean: ## Remove the venv and caches (not the lab; see lab-down / lab-clean)
 	rm -rf $(VENV) .cache .pytest_cache tests/output
+
+demo: setup system-deps lab-runtime ## Bring the 2-node lab up and deploy onto it (stays up; make demo-down)
+	$(LABCTL) up 2
+	$(BIN)/ansible-playbook -i inventories/lab playbooks/deploy.yml
+
+demo-down: ## Tear down what demo started, then the lab
+	-$(BIN)/ansible-playbook -i inventories/lab playbooks/teardown.yml 2>/dev/null
+	$(LABCTL) down
