@@ -182,20 +182,24 @@ def serve(
         control.close()
 
 
-def bind_control(port: int) -> socket.socket:
-    control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        control.bind(control_address(port))
-    except OSError:
-        control.close()
-        stop_listener(port)
-        time.sleep(0.2)
+def bind_control(port: int, wait: float = 3.0) -> socket.socket:
+    deadline = time.monotonic() + wait
+    asked = False
+    while True:
         control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             control.bind(control_address(port))
+            break
         except OSError as exc:
             control.close()
-            raise ProbeError("cannot create the probe's control socket for port %d: %s" % (port, exc))
+            if not asked:
+                # A stale listener answers QUIT at once but frees the name only when its
+                # serve loop ends (up to one select tick later): retry until the deadline.
+                stop_listener(port)
+                asked = True
+            if time.monotonic() > deadline:
+                raise ProbeError("cannot create the probe's control socket for port %d: %s" % (port, exc))
+            time.sleep(0.1)
     control.listen(8)
     return control
 
