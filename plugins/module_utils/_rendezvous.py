@@ -1,0 +1,328 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Distributed preflight: read the rank outputs and say what is wrong, on which pair, with which value.
+
+Pure: no Ansible imports, no I/O. The rank process itself is
+``_rendezvous_rank.py`` (sent to the node's runtime interpreter); this module
+parses what it printed (``parse_rank_output``), turns one rank's result into
+messages (``rank_problems``), the results of every rank into the cluster's
+messages (``cluster_problems``), and checks the environment carry-over
+hazard (``carry_over_problems``, over ``_env.carry_over_hazards``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Optional, Sequence
+
+from ._env import CARRIED_PREFIXES, NON_CARRY_OVER_FILE, carry_over_hazards
+
+MARKER = "MULTINODE_PREFLIGHT "
+
+# Keys of the node environment the module returns to the controller: what the
+# cluster checks need, never the rest (the env file may hold tokens).
+RETURNED_KEYS = ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "VLLM_CONFIG_ROOT")
+RETURNED_PREFIXES = ("NCCL_", "UCX_")
+
+# Phases of a rank, in order (see _rendezvous_rank.Rank.run).
+PHASES = ("start", "interfaces", "import", "get_ip", "init", "verify", "bandwidth", "barrier", "done")
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+class RendezvousError(Exception):
+    """Bad input to the preflight (unreadable env file, bad parameters); the message says which and why."""
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+
+
+def parse_env_file(text: str, path: str = "env file") -> dict[str, str]:
+    """Parse the KEY=VALUE lines ``_env.env_file`` writes (values raw, no quotes).
+
+    Blank lines and ``#`` comments are skipped; anything else without ``=`` is
+    an error naming the line.
+    """
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise RendezvousError("%s line %d is not KEY=VALUE: %r" % (path, number, line))
+        env[key] = value
+    return env
+
+
+def returned_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a node's environment the controller needs for the cluster checks."""
+    return {k: v for k, v in env.items() if k in RETURNED_KEYS or k.startswith(RETURNED_PREFIXES)}
+
+
+def rank_environment(env: Mapping[str, str], base: Mapping[str, str]) -> dict[str, str]:
+    """The rank's process environment: the minimal base, then every key of the node's env file."""
+    merged = {str(k): str(v) for k, v in base.items()}
+    merged.update({str(k): str(v) for k, v in env.items()})
+    return merged
+
+
+def parse_non_carry_over(text: str, path: str) -> list[str]:
+    """vLLM's ray_non_carry_over_env_vars.json: a JSON list of variable names."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise RendezvousError("%s is not valid JSON: %s" % (path, exc))
+    if not isinstance(data, list) or not all(isinstance(k, str) for k in data):
+        raise RendezvousError("%s must be a JSON list of variable names; got %r" % (path, data))
+    return list(data)
+
+
+def parse_rank_output(stdout: str) -> Optional[dict[str, Any]]:
+    """The last ``MULTINODE_PREFLIGHT <json>`` line a rank printed (each line is the whole result so far)."""
+    last = None
+    for line in stdout.splitlines():
+        if line.startswith(MARKER):
+            try:
+                last = json.loads(line[len(MARKER):])
+            except ValueError:
+                continue
+    return last
+
+
+def bandwidth_summary(results: Mapping[str, Optional[Mapping[str, Any]]]) -> Optional[dict[str, Any]]:
+    """The cluster's all-reduce bandwidth: the slowest rank's (all ranks time the same collective)."""
+    rows = [r["bandwidth"] for r in results.values() if r and r.get("bandwidth")]
+    if not rows:
+        return None
+    slowest = min(rows, key=lambda b: b["algbw_GBps"])
+    return dict(slowest, ranks=len(rows))
+
+
+# ---------------------------------------------------------------------------
+# One rank
+# ---------------------------------------------------------------------------
+
+
+def _iface_phrase(result: Mapping[str, Any]) -> tuple[Optional[str], Optional[str]]:
+    """(interface, variable) this rank's rendezvous traffic was told to use, when it is off the fabric."""
+    gloo = result.get("gloo") or {}
+    nccl = result.get("nccl") or {}
+    backends = result.get("backends") or [result.get("backend") or "gloo"]
+    if gloo and not gloo.get("carries_fabric"):
+        names = ",".join(gloo.get("interfaces") or []) or "<hostname address %s>" % ",".join(gloo.get("addresses") or [])
+        return names, "GLOO_SOCKET_IFNAME"
+    if "nccl" in backends and nccl and not nccl.get("carries_fabric"):
+        return nccl.get("interface") or "<none>", "NCCL_SOCKET_IFNAME"
+    return None, None
+
+
+def _rendezvous(result: Mapping[str, Any]) -> str:
+    return "%s:%s" % (result.get("head_ip"), result.get("port"))
+
+
+def _timed_out(error: str) -> bool:
+    text = error.lower()
+    return "timed out" in text or "timeout" in text or "deadline" in text
+
+
+def rank_problems(result: Optional[Mapping[str, Any]], host: str, fabric_interface: Optional[str] = None,
+                  timeout: Optional[float] = None) -> list[str]:
+    """Messages for one rank's result (None: the rank printed nothing)."""
+    if not result:
+        return ["%s: the preflight rank printed no result (killed at the %s s deadline before it started?)" % (
+            host, timeout if timeout is not None else "?")]
+    problems: list[str] = []
+    fabric_if = result.get("fabric_interface") or fabric_interface or "?"
+    fabric_ip = result.get("fabric_ip")
+    for key in ("gloo", "nccl"):
+        sel = result.get(key) or {}
+        if key == "nccl" and "nccl" not in (result.get("backends") or [result.get("backend")]):
+            continue
+        if sel.get("problem") and not sel.get("carries_fabric"):
+            problems.append("%s: %s; the fabric interface is %s (%s)" % (host, sel["problem"], fabric_if, fabric_ip))
+    route = result.get("route_to_head") or {}
+    if route.get("interface") and route.get("interface") != fabric_if:
+        problems.append("%s: the route to the rendezvous %s leaves through %s (source %s), not the fabric "
+                        "interface %s" % (host, result.get("head_ip"), route["interface"], route.get("source_ip"),
+                                          fabric_if))
+    get_ip = result.get("get_ip") or {}
+    if get_ip.get("matches") is False:
+        problems.append("%s: vLLM's get_ip() (%s) returns %s under this node's environment, not the fabric address "
+                        "%s; set VLLM_HOST_IP=%s in the node environment" % (
+                            host, get_ip.get("source"), get_ip.get("value"), fabric_ip, fabric_ip))
+    elif get_ip.get("error"):
+        problems.append("%s: vLLM's get_ip() failed: %s" % (host, get_ip["error"]))
+    error = result.get("error")
+    if error and result.get("error_phase") == "import":
+        problems.append("%s: torch is not importable by the runtime's interpreter %s (%s); the runtime must "
+                        "provide torch, the preflight does not install it" % (host, result.get("python"), error))
+    elif error and result.get("error_phase") == "verify":
+        problems.append("%s: %s" % (host, error))
+    return problems
+
+
+def _pair_message(host: str, result: Mapping[str, Any], head: str, timeout: Optional[float]) -> str:
+    """Why ``host`` (not the head) failed the rendezvous, naming address, port and interface."""
+    iface, variable = _iface_phrase(result)
+    fabric_if = result.get("fabric_interface") or "?"
+    where = _rendezvous(result)
+    if iface:
+        return "%s could not reach the rendezvous at %s from interface %s (%s); the fabric interface is %s" % (
+            host, where, iface, variable, fabric_if)
+    route = result.get("route_to_head") or {}
+    error = result.get("error") or ""
+    via = route.get("interface") or fabric_if
+    if "refused" in error.lower():
+        return ("%s could not reach the rendezvous at %s from interface %s: connection refused (nothing listens on "
+                "port %s on %s; did %s's rank start?)" % (host, where, via, result.get("port"), head, head))
+    phase = result.get("error_phase") or result.get("phase")
+    if phase == "init" and _timed_out(error):
+        return ("%s could not reach the rendezvous at %s from interface %s within %s s: port %s on %s's fabric "
+                "address does not answer (a firewall dropping it?)" % (
+                    host, where, via, result.get("timeout_s") or timeout, result.get("port"), head))
+    return "%s failed the rendezvous at %s from interface %s in phase %s: %s" % (host, where, via, phase, error)
+
+
+def cluster_problems(
+    results: Mapping[str, Optional[Mapping[str, Any]]],
+    head: str,
+    fabric_interfaces: Optional[Mapping[str, str]] = None,
+    timeout: Optional[float] = None,
+) -> list[str]:
+    """Every rank's result -> the messages the preflight fails with; empty means it passed.
+
+    The cause comes first (the rank whose interface or route is off the
+    fabric, the port that does not answer), then what the other ranks saw.
+    """
+    fabric_interfaces = fabric_interfaces or {}
+    causes: list[str] = []
+    static: list[str] = []
+    effects: list[str] = []
+    failed = {h for h, r in results.items() if not r or not r.get("ok")}
+    for host in sorted(results, key=lambda h: (h != head, h)):
+        result = results[host]
+        static.extend(rank_problems(result, host, fabric_interfaces.get(host), timeout))
+        if not result or result.get("ok"):
+            continue
+        if host != head:
+            causes.append(_pair_message(host, result, head, timeout))
+        else:
+            others = sorted(failed - {head})
+            iface, variable = _iface_phrase(result)
+            if iface:
+                causes.append("%s (rank 0) could not serve the rendezvous at %s from interface %s (%s); the fabric "
+                              "interface is %s" % (head, _rendezvous(result), iface, variable,
+                                                   result.get("fabric_interface") or "?"))
+            else:
+                effects.append("%s (rank 0, the rendezvous at %s) failed in phase %s%s: %s" % (
+                    head, _rendezvous(result), result.get("error_phase") or result.get("phase"),
+                    " waiting for %s" % ", ".join(others) if others else "", result.get("error")))
+    ordered: list[str] = []
+    for message in causes + static + effects:
+        if message not in ordered:
+            ordered.append(message)
+    return ordered
+
+
+# ---------------------------------------------------------------------------
+# Environment carry-over (vLLM copies the head's NCCL_*/UCX_* to Ray workers)
+# ---------------------------------------------------------------------------
+
+
+def carry_over_problems(
+    envs: Mapping[str, Mapping[str, str]],
+    listed: Optional[Sequence[str]],
+    head: str,
+    path: str,
+) -> list[str]:
+    """NCCL_*/UCX_* keys that differ between hosts and are missing from the head's non-carry-over list.
+
+    ``listed`` is None when the head has no such file: every differing key is
+    then a problem.
+    """
+    hazards = carry_over_hazards(envs, list(listed or []))
+    if hazards and listed is None:
+        return ["%s: %s does not exist, so vLLM copies every %s value from the head; %s" % (
+            head, path, "/".join(p.rstrip("_") + "_*" for p in CARRIED_PREFIXES), h) for h in hazards]
+    return ["%s (%s on %s)" % (h, path, head) if NON_CARRY_OVER_FILE in h else h for h in hazards]
+
+
+# ---------------------------------------------------------------------------
+# The controller's view
+# ---------------------------------------------------------------------------
+
+
+def assemble_report(
+    returns: Mapping[str, Optional[Mapping[str, Any]]],
+    head: str,
+    fabric_interfaces: Optional[Mapping[str, str]] = None,
+    timeout: Optional[float] = None,
+) -> dict[str, Any]:
+    """Every host's module return (None: no return, e.g. unreachable) -> the cluster's verdict.
+
+    Returns ``ok``, ``problems`` (cause first), ``bandwidth`` (the slowest
+    rank's), ``ranks`` (one summary row per host) and ``elapsed`` (the
+    slowest rank's seconds).
+    """
+    results: dict[str, Optional[Mapping[str, Any]]] = {}
+    envs: dict[str, Mapping[str, str]] = {}
+    problems: list[str] = []
+    for host, ret in returns.items():
+        if not ret:
+            results[host] = None
+            continue
+        results[host] = ret.get("result")
+        if ret.get("env") is not None:
+            envs[host] = ret["env"]
+    problems.extend(cluster_problems(results, head, fabric_interfaces, timeout))
+    head_ret = returns.get(head) or {}
+    if len(envs) > 1:
+        problems.extend(carry_over_problems(
+            envs, head_ret.get("non_carry_over"), head,
+            head_ret.get("non_carry_over_file") or NON_CARRY_OVER_FILE))
+    ranks = []
+    for host in sorted(returns, key=lambda h: (h != head, h)):
+        r = results.get(host) or {}
+        ret = returns.get(host) or {}
+        ranks.append({
+            "host": host,
+            "rank": r.get("rank"),
+            "ok": bool(r.get("ok")),
+            "phase": r.get("phase"),
+            "backends": r.get("backends") or ([r["backend"]] if r.get("backend") else []),
+            "gloo_interface": ",".join((r.get("gloo") or {}).get("interfaces") or []) or None,
+            "nccl_interface": (r.get("nccl") or {}).get("interface"),
+            "get_ip": (r.get("get_ip") or {}).get("value"),
+            "elapsed": ret.get("elapsed"),
+            "killed": ret.get("killed"),
+        })
+    elapsed = [row["elapsed"] for row in ranks if row["elapsed"] is not None]
+    bandwidth = bandwidth_summary(results)
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "bandwidth": bandwidth,
+        "ranks": ranks,
+        "elapsed": max(elapsed) if elapsed else None,
+        "summary": [summary_line(row) for row in ranks] + [bandwidth_line(bandwidth)],
+    }
+
+
+def summary_line(row: Mapping[str, Any]) -> str:
+    return "%s rank %s %s (phase %s) backends %s gloo %s nccl %s get_ip %s, %s s%s" % (
+        row["host"], row["rank"], "ok" if row["ok"] else "FAILED", row["phase"],
+        "+".join(row["backends"]) or "-", row["gloo_interface"] or "-", row["nccl_interface"] or "-",
+        row["get_ip"] or "-", row["elapsed"], ", killed at the deadline" if row.get("killed") else "")
+
+
+def bandwidth_line(bandwidth: Optional[Mapping[str, Any]]) -> str:
+    if not bandwidth:
+        return "no all-reduce bandwidth measured"
+    return "all-reduce of %.1f MiB float32 over %d ranks: %.1f ms per op, algbw %.3f GB/s, busbw %.3f GB/s" % (
+        bandwidth["bytes"] / 1048576.0, bandwidth["ranks"], bandwidth["seconds_per_op"] * 1000,
+        bandwidth["algbw_GBps"], bandwidth["busbw_GBps"])

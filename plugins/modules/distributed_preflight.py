@@ -1,0 +1,346 @@
+#!/usr/bin/python
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: distributed_preflight
+short_description: Prove the torch.distributed rendezvous vLLM will perform, over the fabric, before the model loads
+version_added: 0.1.0
+description:
+  - Runs one short-lived rank process on this node with the node runtime's interpreter (O(interpreter)) and
+    exactly the environment in O(env_file) (over a minimal base), as vLLM's ranks will get it.
+  - The rank joins C(torch.distributed.init_process_group(init_method=tcp://<head fabric ip>:<port>)) as vLLM does,
+    all-reduces a known tensor and checks the sum, then times an all-reduce of O(size_mib) MiB and reports algbw
+    and busbw. Backend Gloo without a GPU; NCCL plus a Gloo group (vLLM uses both) with CUDA.
+  - It also records which interface C(GLOO_SOCKET_IFNAME) and C(NCCL_SOCKET_IFNAME) select and whether that
+    interface carries the node's fabric address, the route to the head, and what vLLM's own C(get_ip()) returns
+    under this environment (emulated, and said so, where vLLM is not installed in the runtime).
+  - Every rank must run at the same time. Run the task on every node in one play with C(forks) at least the
+    number of nodes and no C(serial); the M(multinode.vllm.distributed_preflight) role checks that first.
+  - The rank is killed at O(timeout) seconds (it also exits by itself at that deadline, for runtimes such as
+    C(docker exec) where killing the client does not reach it). No rank process is left behind.
+  - torch comes from the runtime; the module never installs anything.
+author:
+  - multinode.vllm maintainers (@multinode)
+extends_documentation_fragment:
+  - multinode.vllm.attributes
+  - multinode.vllm.attributes.READ_ONLY
+options:
+  host:
+    description: This node's inventory name (used in messages).
+    type: str
+    required: true
+  rank:
+    description: This node's rank; the head is rank 0 and hosts the rendezvous.
+    type: int
+    required: true
+  world_size:
+    description: Number of ranks (nodes).
+    type: int
+    required: true
+  head_host:
+    description: The head's inventory name (used in messages).
+    type: str
+    required: true
+  head_fabric_ip:
+    description: The head's fabric address, the rendezvous address.
+    type: str
+    required: true
+  fabric_ip:
+    description: This node's fabric address.
+    type: str
+    required: true
+  fabric_interface:
+    description: This node's fabric interface.
+    type: str
+    required: true
+  port:
+    description: TCP port of the rendezvous (the TCPStore) on the head's fabric address.
+    type: int
+    default: 29600
+  env_file:
+    description: The node environment file (C(KEY=VALUE) lines, values raw) the vLLM ranks get.
+    type: path
+    default: /etc/multinode-vllm/node.env
+  interpreter:
+    description:
+      - The runtime's Python as an argument list, for example C([/opt/venv/bin/python]) or
+        C([docker, exec, --env-file, /etc/multinode-vllm/node.env, vllm-node, python]).
+    type: list
+    elements: str
+    required: true
+  base_env:
+    description:
+      - Variables under the env file's (the env file wins). C(PATH), C(HOME) and C(LANG) are always set.
+    type: dict
+    default: {}
+  backend:
+    description: V(auto) picks V(nccl) when CUDA is available, else V(gloo).
+    type: str
+    choices: [auto, gloo, nccl]
+    default: auto
+  local_rank:
+    description: CUDA device index of this rank (NCCL only).
+    type: int
+    default: 0
+  timeout:
+    description: Hard deadline of the rank in seconds, from the task's start on this node.
+    type: float
+    default: 60
+  size_mib:
+    description: Size of the timed all-reduce in MiB (float32). V(0) skips the bandwidth measurement.
+    type: float
+    default: 64
+  iterations:
+    description: Timed all-reduce iterations (after one warm-up).
+    type: int
+    default: 5
+  check_get_ip:
+    description: Call vLLM's C(get_ip()) in the rank and compare it with O(fabric_ip).
+    type: bool
+    default: true
+  non_carry_over_file:
+    description:
+      - vLLM's C(ray_non_carry_over_env_vars.json) to read and return (on the head). Default
+        C($VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json) from the env file, else C(~/.config/vllm/...).
+    type: path
+  report_only:
+    description: Return the results without failing; the role fails once, with the cluster's messages.
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Run the distributed preflight on every node at once
+  multinode.vllm.distributed_preflight:
+    host: "{{ inventory_hostname }}"
+    rank: "{{ 0 if inventory_hostname == groups['ray_head'][0] else 1 }}"
+    world_size: 2
+    head_host: "{{ groups['ray_head'][0] }}"
+    head_fabric_ip: "{{ hostvars[groups['ray_head'][0]].multinode_fabric.ip }}"
+    fabric_ip: "{{ multinode_fabric.ip }}"
+    fabric_interface: "{{ multinode_fabric.interface }}"
+    interpreter: ["{{ multinode_venv }}/bin/python"]
+  register: preflight
+"""
+
+RETURN = r"""
+result:
+  description: The rank's result (the last line it printed); null when it printed none.
+  returned: always
+  type: dict
+  contains:
+    ok: {description: The rank joined, verified the sum and finished., type: bool}
+    phase: {description: "Last phase reached: interfaces, import, get_ip, init, verify, bandwidth, barrier, done.", type: str}
+    error: {description: What failed., type: str}
+    gloo: {description: "GLOO_SOCKET_IFNAME, the interfaces and addresses it selects, carries_fabric.", type: dict}
+    nccl: {description: "NCCL_SOCKET_IFNAME, the interface NCCL's rules select, carries_fabric.", type: dict}
+    route_to_head: {description: Source address and interface towards the rendezvous., type: dict}
+    get_ip: {description: "vLLM's get_ip() value, where it came from, matches (the fabric address).", type: dict}
+    bandwidth: {description: "bytes, seconds_per_op, algbw_GBps, busbw_GBps of the timed all-reduce.", type: dict}
+    timings: {description: Seconds per phase., type: dict}
+env:
+  description: The node environment's NCCL_*, UCX_*, VLLM_HOST_IP, GLOO/TP_SOCKET_IFNAME and VLLM_CONFIG_ROOT.
+  returned: always
+  type: dict
+non_carry_over:
+  description: The names listed in O(non_carry_over_file); null when the file does not exist.
+  returned: always
+  type: list
+  elements: str
+non_carry_over_file:
+  description: The file read.
+  returned: always
+  type: str
+problems:
+  description: This rank's own messages (the cluster's come from the role).
+  returned: always
+  type: list
+  elements: str
+elapsed:
+  description: Seconds from the rank's start to its exit.
+  returned: always
+  type: float
+killed:
+  description: The module killed the rank at the deadline.
+  returned: always
+  type: bool
+stderr_tail:
+  description: The last lines the rank wrote to stderr.
+  returned: always
+  type: str
+"""
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.multinode.vllm.plugins.module_utils import _rendezvous_rank
+from ansible_collections.multinode.vllm.plugins.module_utils._env import NON_CARRY_OVER_FILE
+from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import (
+    RendezvousError,
+    parse_env_file,
+    parse_non_carry_over,
+    parse_rank_output,
+    rank_environment,
+    rank_problems,
+    returned_env,
+)
+
+MINIMAL_BASE = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+                "LANG": "C.UTF-8"}
+# Time the module gives the rank after the deadline to print its last line and exit.
+GRACE = 3.0
+
+
+def _read(path: str) -> str:
+    with open(path) as handle:
+        return handle.read()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_rank(params: dict, env: dict[str, str]) -> dict:
+    size = int(float(params["size_mib"]) * 1024 * 1024)
+    started = time.time()
+    config = {
+        "host": params["host"],
+        "rank": params["rank"],
+        "world_size": params["world_size"],
+        "head_ip": params["head_fabric_ip"],
+        "port": params["port"],
+        "fabric_ip": params["fabric_ip"],
+        "fabric_interface": params["fabric_interface"],
+        "backend": params["backend"],
+        "local_rank": params["local_rank"],
+        "deadline": started + params["timeout"],
+        "timeout": params["timeout"],
+        "size_bytes": size,
+        "iterations": params["iterations"],
+        "warmup": 1,
+        "check_get_ip": params["check_get_ip"],
+    }
+    script = inspect.getsource(_rendezvous_rank)
+    argv = list(params["interpreter"]) + ["-c", script, json.dumps(config)]
+    try:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    except OSError as exc:
+        raise RendezvousError("%s: cannot start the runtime interpreter %s: %s" % (
+            params["host"], params["interpreter"], exc))
+    killed = False
+    try:
+        stdout, stderr = proc.communicate(timeout=params["timeout"] + GRACE)
+    except subprocess.TimeoutExpired:
+        killed = True
+        _kill_group(proc)
+        stdout, stderr = proc.communicate()
+    finally:
+        # The rank's own children (none expected) go with its session.
+        if proc.poll() is None:
+            _kill_group(proc)
+    result = parse_rank_output(stdout or "")
+    if result is not None and killed and not result.get("final"):
+        result["error"] = "killed at the %g s deadline in phase %s" % (params["timeout"], result.get("phase"))
+        result["error_phase"] = result.get("phase")
+    return {
+        "result": result,
+        "killed": killed,
+        "rc": proc.returncode,
+        "elapsed": round(time.time() - started, 3),
+        "stderr_tail": "\n".join((stderr or "").splitlines()[-30:]),
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            host=dict(type="str", required=True),
+            rank=dict(type="int", required=True),
+            world_size=dict(type="int", required=True),
+            head_host=dict(type="str", required=True),
+            head_fabric_ip=dict(type="str", required=True),
+            fabric_ip=dict(type="str", required=True),
+            fabric_interface=dict(type="str", required=True),
+            port=dict(type="int", default=29600),
+            env_file=dict(type="path", default="/etc/multinode-vllm/node.env"),
+            interpreter=dict(type="list", elements="str", required=True),
+            base_env=dict(type="dict", default={}),
+            backend=dict(type="str", choices=["auto", "gloo", "nccl"], default="auto"),
+            local_rank=dict(type="int", default=0),
+            timeout=dict(type="float", default=60.0),
+            size_mib=dict(type="float", default=64.0),
+            iterations=dict(type="int", default=5),
+            check_get_ip=dict(type="bool", default=True),
+            non_carry_over_file=dict(type="path"),
+            report_only=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    host = p["host"]
+    if not 0 <= p["rank"] < p["world_size"]:
+        module.fail_json(msg="%s: rank %d is outside 0..%d (world_size %d)" % (
+            host, p["rank"], p["world_size"] - 1, p["world_size"]))
+    if not p["interpreter"]:
+        module.fail_json(msg="%s: interpreter must name the runtime's python; got []" % host)
+    if p["timeout"] <= 0:
+        module.fail_json(msg="%s: timeout must be positive; got %s" % (host, p["timeout"]))
+    try:
+        env = parse_env_file(_read(p["env_file"]), p["env_file"])
+    except FileNotFoundError:
+        module.fail_json(msg="%s: the node environment file %s does not exist; the runtime role renders it "
+                             "(multinode.vllm.fabric_node_env) before the preflight runs" % (host, p["env_file"]))
+    except (OSError, RendezvousError) as exc:
+        module.fail_json(msg="%s: cannot read the node environment file %s: %s" % (host, p["env_file"], exc))
+
+    nco_path = p["non_carry_over_file"] or os.path.join(
+        env.get("VLLM_CONFIG_ROOT") or os.path.expanduser("~/.config/vllm"), NON_CARRY_OVER_FILE)
+    try:
+        non_carry_over = parse_non_carry_over(_read(nco_path), nco_path)
+    except FileNotFoundError:
+        non_carry_over = None
+    except (OSError, RendezvousError) as exc:
+        module.fail_json(msg="%s: %s" % (host, exc))
+
+    base = dict(MINIMAL_BASE)
+    base.update({str(k): str(v) for k, v in p["base_env"].items()})
+    try:
+        run = run_rank(p, rank_environment(env, base))
+    except RendezvousError as exc:
+        module.fail_json(msg=str(exc))
+    problems = rank_problems(run["result"], host, p["fabric_interface"], p["timeout"])
+    if run["result"] is not None and not run["result"].get("ok") and run["result"].get("error"):
+        problems.append("%s: rank %d failed in phase %s: %s" % (
+            host, p["rank"], run["result"].get("error_phase"), run["result"]["error"]))
+    elif run["result"] is None and run["stderr_tail"]:
+        problems.append("%s: %s" % (host, run["stderr_tail"].splitlines()[-1]))
+    out = dict(
+        changed=False,
+        env=returned_env(env),
+        non_carry_over=non_carry_over,
+        non_carry_over_file=nco_path,
+        problems=problems,
+        **run,
+    )
+    ok = run["result"] is not None and run["result"].get("ok") and not problems
+    if not ok and not p["report_only"]:
+        module.fail_json(msg="\n".join(problems) or "%s: the preflight rank failed" % host, **out)
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()
