@@ -29,6 +29,8 @@ RETURNED_PREFIXES = ("NCCL_", "UCX_")
 PHASES = ("start", "interfaces", "import", "get_ip", "init", "verify", "bandwidth", "barrier", "done")
 
 BACKENDS = ("auto", "gloo", "nccl")
+# Phases in which a failure is a failure of the rendezvous itself.
+RENDEZVOUS_PHASES = ("init", "verify", "bandwidth", "barrier")
 
 
 class RendezvousError(Exception):
@@ -209,19 +211,29 @@ def cluster_problems(
         static.extend(rank_problems(result, host, fabric_interfaces.get(host), timeout))
         if not result or result.get("ok"):
             continue
+        phase = result.get("error_phase") or result.get("phase")
+        if phase not in RENDEZVOUS_PHASES:
+            # Failed before it tried the rendezvous (no torch, a bad interpreter):
+            # rank_problems said why when it knows; otherwise say it here.
+            if phase != "import":
+                effects.append("%s: the rank failed in phase %s before the rendezvous: %s" % (
+                    host, phase, result.get("error")))
+            continue
         if host != head:
             causes.append(_pair_message(host, result, head, timeout))
+            continue
+        others = sorted(h for h in failed - {head}
+                        if not results.get(h) or (results[h].get("error_phase") or results[h].get("phase"))
+                        in RENDEZVOUS_PHASES)
+        iface, variable = _iface_phrase(result)
+        if iface:
+            causes.append("%s (rank 0) could not serve the rendezvous at %s from interface %s (%s); the fabric "
+                          "interface is %s" % (head, _rendezvous(result), iface, variable,
+                                               result.get("fabric_interface") or "?"))
         else:
-            others = sorted(failed - {head})
-            iface, variable = _iface_phrase(result)
-            if iface:
-                causes.append("%s (rank 0) could not serve the rendezvous at %s from interface %s (%s); the fabric "
-                              "interface is %s" % (head, _rendezvous(result), iface, variable,
-                                                   result.get("fabric_interface") or "?"))
-            else:
-                effects.append("%s (rank 0, the rendezvous at %s) failed in phase %s%s: %s" % (
-                    head, _rendezvous(result), result.get("error_phase") or result.get("phase"),
-                    " waiting for %s" % ", ".join(others) if others else "", result.get("error")))
+            effects.append("%s (rank 0, the rendezvous at %s) failed in phase %s%s: %s" % (
+                head, _rendezvous(result), phase, " waiting for %s" % ", ".join(others) if others else "",
+                result.get("error")))
     ordered: list[str] = []
     for message in causes + static + effects:
         if message not in ordered:

@@ -163,6 +163,10 @@ elapsed:
   description: Seconds from the rank's start to its exit.
   returned: always
   type: float
+exit_code:
+  description: The rank's exit status (negative, a signal; 124, its own deadline).
+  returned: always
+  type: int
 killed:
   description: The module killed the rank at the deadline.
   returned: always
@@ -259,7 +263,7 @@ def run_rank(params: dict, env: dict[str, str]) -> dict:
     return {
         "result": result,
         "killed": killed,
-        "rc": proc.returncode,
+        "exit_code": proc.returncode,
         "elapsed": round(time.time() - started, 3),
         "stderr_tail": "\n".join((stderr or "").splitlines()[-30:]),
     }
