@@ -1,0 +1,192 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Find this node's Ray processes in /proc.
+
+"This node" is the network namespace of the caller: on a real host that is
+every process; in the lab (nodes share one PID namespace) it keeps spark1
+from seeing, or stopping, spark2's raylet. ``ray stop`` matches processes by
+name across the whole PID namespace, which is why the collection stops Ray
+through these functions instead.
+
+Reads /proc (``proc_root`` is a parameter for tests); no Ansible imports.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from ._runtime import HASH_ENV
+
+# Names Ray gives its native processes and worker processes.
+_RAY_NAMES = ("raylet", "gcs_server")
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    name: str
+    cmdline: tuple[str, ...]
+    netns: Optional[str]
+
+
+def _read(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def read_process(pid: int, proc_root: str = "/proc") -> Optional[Proc]:
+    base = os.path.join(proc_root, str(pid))
+    stat = _read(os.path.join(base, "stat"))
+    if stat is None:
+        return None
+    text = stat.decode("utf-8", "replace")
+    # "pid (comm) state ppid ..."; comm may contain spaces and parentheses.
+    close = text.rfind(")")
+    name = text[text.find("(") + 1:close]
+    fields = text[close + 2:].split()
+    try:
+        ppid = int(fields[1])
+    except (IndexError, ValueError):
+        return None
+    raw = _read(os.path.join(base, "cmdline")) or b""
+    cmdline = tuple(part.decode("utf-8", "replace") for part in raw.split(b"\0") if part)
+    try:
+        netns: Optional[str] = os.readlink(os.path.join(base, "ns", "net"))
+    except OSError:
+        netns = None
+    return Proc(pid=pid, ppid=ppid, name=name, cmdline=cmdline, netns=netns)
+
+
+def read_processes(proc_root: str = "/proc") -> list[Proc]:
+    procs = []
+    for entry in os.listdir(proc_root):
+        if entry.isdigit():
+            proc = read_process(int(entry), proc_root)
+            if proc is not None:
+                procs.append(proc)
+    return procs
+
+
+def own_netns(proc_root: str = "/proc") -> Optional[str]:
+    try:
+        return os.readlink(os.path.join(proc_root, "self", "ns", "net"))
+    except OSError:
+        return None
+
+
+def read_environ(pid: int, proc_root: str = "/proc") -> dict[str, str]:
+    raw = _read(os.path.join(proc_root, str(pid), "environ")) or b""
+    env = {}
+    for part in raw.split(b"\0"):
+        if b"=" in part:
+            key, _, value = part.partition(b"=")
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def is_ray_process(proc: Proc) -> bool:
+    """A process of a Ray node: raylet, GCS, Ray's Python helpers and workers, or `ray start` itself."""
+    if proc.name in _RAY_NAMES or proc.name.startswith("ray::"):
+        return True
+    head = proc.cmdline[:3]
+    if any("/site-packages/ray/" in part for part in head):
+        return True
+    for i in (1, 2):
+        if proc.cmdline[i:i + 1] == ("-m",) and proc.cmdline[i + 1:i + 2] and proc.cmdline[i + 1].startswith("ray."):
+            return True
+    for i, part in enumerate(proc.cmdline[:2]):
+        if (part == "ray" or part.endswith("/bin/ray")) and "start" in proc.cmdline[i + 1:i + 2]:
+            return True
+    return False
+
+
+def flag_value(cmdline: Sequence[str], *names: str) -> Optional[str]:
+    """Value of ``--name=value`` or ``--name value`` in a command line."""
+    for i, part in enumerate(cmdline):
+        for name in names:
+            if part == name and i + 1 < len(cmdline):
+                return cmdline[i + 1]
+            if part.startswith(name + "="):
+                return part[len(name) + 1:]
+    return None
+
+
+def ancestors(pid: int, by_pid: Mapping[int, Proc]) -> list[int]:
+    chain = []
+    seen = set()
+    current = by_pid.get(pid)
+    while current is not None and current.ppid not in seen and current.ppid > 0:
+        seen.add(current.ppid)
+        chain.append(current.ppid)
+        current = by_pid.get(current.ppid)
+    return chain
+
+
+def supervisord_pid(pidfile: str, procs: Mapping[int, Proc], netns: Optional[str]) -> Optional[int]:
+    """The pid in ``pidfile`` if it is a live supervisord in this network namespace."""
+    raw = _read(pidfile)
+    if not raw:
+        return None
+    try:
+        pid = int(raw.strip())
+    except ValueError:
+        return None
+    proc = procs.get(pid)
+    if proc is None or proc.netns != netns:
+        return None
+    if not any("supervisord" in part for part in proc.cmdline[:3]):
+        return None
+    return pid
+
+
+def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
+    """What Ray runs in this network namespace, and whether our supervisord started it."""
+    netns = own_netns(proc_root)
+    me = os.getpid()
+    procs = {p.pid: p for p in read_processes(proc_root) if p.netns == netns}
+    sup = supervisord_pid(pidfile, procs, netns)
+    mine = set(ancestors(me, procs)) | {me}
+    ray = sorted((p for p in procs.values() if p.pid not in mine and is_ray_process(p)), key=lambda p: p.pid)
+    raylets = [p for p in ray if p.name == "raylet"]
+    state: dict[str, Any] = {
+        "netns": netns,
+        "running": bool(raylets),
+        "raylet_pid": None,
+        "node_ip_address": None,
+        "start_node_ip_address": None,
+        "start_cmdline": None,
+        "gcs_server": any(p.name == "gcs_server" for p in ray),
+        "env": {},
+        "config_hash": None,
+        "supervisord_pid": sup,
+        "managed": False,
+        "processes": [{"pid": p.pid, "name": p.name} for p in ray],
+        "foreign_pids": [],
+    }
+    managed_pids = set()
+    if sup is not None:
+        managed_pids = {p.pid for p in ray if sup in ancestors(p.pid, procs)}
+    state["foreign_pids"] = [p.pid for p in ray if p.pid not in managed_pids]
+    if raylets:
+        raylet = raylets[0]
+        env = read_environ(raylet.pid, proc_root)
+        state["raylet_pid"] = raylet.pid
+        state["raylet_count"] = len(raylets)
+        state["node_ip_address"] = flag_value(raylet.cmdline, "--node_ip_address")
+        state["env"] = {k: env[k] for k in sorted(env) if k == "VLLM_HOST_IP" or k.endswith("_SOCKET_IFNAME")}
+        state["config_hash"] = env.get(HASH_ENV)
+        state["managed"] = raylet.pid in managed_pids
+        for pid in ancestors(raylet.pid, procs):
+            parent = procs.get(pid)
+            if parent is not None and is_ray_process(parent) and "start" in parent.cmdline:
+                state["start_cmdline"] = list(parent.cmdline)
+                state["start_node_ip_address"] = flag_value(parent.cmdline, "--node-ip-address")
+                break
+    return state

@@ -1,0 +1,300 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Render one node process (Ray now, vLLM later) for each runtime.
+
+Every function takes what ``_env.py`` builds (the node's environment and the
+argument list after the program name) and renders it for one runtime:
+
+- ``process``: a supervisord program section (the lab, CI, hosts without init);
+- ``systemd``: a unit file using ``EnvironmentFile=`` (bare metal with a venv);
+- ``docker``: ``community.docker.docker_container`` parameters.
+
+No runtime writes its own copy of the environment: the env file rendered by
+``_env.env_file`` is read by all three (supervisord through a tiny launcher,
+systemd through ``EnvironmentFile=``, docker through ``env_file``).
+
+``config_hash`` is the restart trigger: it changes exactly when the
+environment, the arguments or the runtime settings change, and is carried in
+the running process's environment (``MULTINODE_VLLM_CONFIG_HASH``) or the
+container's label, so a deploy compares what runs with what it would render.
+Pure: no Ansible imports, no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from typing import Any, Mapping, Optional, Sequence
+
+from ._fabric import FabricError
+
+RUNTIMES = ("process", "systemd", "docker")
+
+# Name of the variable that carries the config hash into the running process.
+HASH_ENV = "MULTINODE_VLLM_CONFIG_HASH"
+# Docker label with the same value.
+HASH_LABEL = "multinode.vllm.config-hash"
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _check_name(name: str, what: str) -> None:
+    if not _NAME.match(name or ""):
+        raise FabricError("%s %r must be letters, digits, '.', '_' or '-' (and not start with a punctuation)" % (what, name))
+
+
+def config_hash(env: Mapping[str, str], args: Sequence[str], extra: Optional[Mapping[str, Any]] = None) -> str:
+    """A short, stable digest of what a process runs with.
+
+    Key order of ``env`` does not matter; argument order does. ``extra`` holds
+    runtime settings that also need a restart when changed (image, program path).
+    """
+    payload = json.dumps(
+        {"env": {str(k): str(v) for k, v in env.items()}, "args": [str(a) for a in args], "extra": extra or {}},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------
+# process runtime: supervisord
+# ---------------------------------------------------------------------------
+
+
+def launcher_command(python: str, launcher: str, env_file_path: str, program: str, args: Sequence[str]) -> list[str]:
+    """The command supervisord runs: the launcher loads the env file, then execs the program."""
+    return [python, launcher, env_file_path, program] + [str(a) for a in args]
+
+
+def _supervisor_value(value: str) -> str:
+    # supervisord expands %(name)s in values: a literal % is written %%.
+    return value.replace("%", "%%")
+
+
+def supervisor_program(
+    name: str,
+    command: Sequence[str],
+    digest: str,
+    log_dir: str,
+    stop_wait_secs: int = 30,
+) -> str:
+    """The ``[program:<name>]`` section (an include file of the node's supervisord).
+
+    The environment is NOT copied here: the launcher in ``command`` reads the
+    env file. Only the config hash is set, so the running process shows which
+    configuration it was started with.
+    """
+    _check_name(name, "program name")
+    if not command:
+        raise FabricError("program %s: the command is empty" % name)
+    line = " ".join(shlex.quote(str(part)) for part in command)
+    lines = [
+        "[program:%s]" % name,
+        "command=%s" % _supervisor_value(line),
+        'environment=%s="%s"' % (HASH_ENV, digest),
+        "autostart=true",
+        "autorestart=true",
+        "startsecs=5",
+        "startretries=3",
+        # ray start --block stops its node processes on SIGTERM; the group
+        # signal catches anything it leaves behind.
+        "stopsignal=TERM",
+        "stopwaitsecs=%d" % int(stop_wait_secs),
+        "stopasgroup=true",
+        "killasgroup=true",
+        "redirect_stderr=true",
+        "stdout_logfile=%s" % _supervisor_value("%s/%s.log" % (log_dir.rstrip("/"), name)),
+        "stdout_logfile_maxbytes=50MB",
+        "stdout_logfile_backups=3",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def supervisord_config(run_dir: str, log_dir: str, include_dir: str) -> str:
+    """The node's own supervisord (one per node, not the distribution's)."""
+    run_dir = run_dir.rstrip("/")
+    log_dir = log_dir.rstrip("/")
+    lines = [
+        "[unix_http_server]",
+        "file=%s/supervisor.sock" % run_dir,
+        "chmod=0700",
+        "",
+        "[supervisord]",
+        "pidfile=%s/supervisord.pid" % run_dir,
+        "logfile=%s/supervisord.log" % log_dir,
+        "logfile_maxbytes=10MB",
+        "logfile_backups=3",
+        "childlogdir=%s" % log_dir,
+        "",
+        "[rpcinterface:supervisor]",
+        "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface",
+        "",
+        "[supervisorctl]",
+        "serverurl=unix://%s/supervisor.sock" % run_dir,
+        "",
+        "[include]",
+        "files = %s/*.conf" % include_dir.rstrip("/"),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# systemd runtime
+# ---------------------------------------------------------------------------
+
+
+def _systemd_quote(arg: str) -> str:
+    """One ExecStart= word: specifiers (%) and variables ($) escaped, quoted when needed."""
+    value = str(arg).replace("%", "%%").replace("$", "$$")
+    if value and not re.search(r"[\s\"'\\;]", value):
+        return value
+    return '"%s"' % value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def systemd_unit(
+    description: str,
+    env_file_path: str,
+    program: str,
+    args: Sequence[str],
+    digest: str,
+    after: Sequence[str] = ("network-online.target",),
+    stop_timeout: int = 30,
+) -> str:
+    """A unit that runs ``program args`` with the env file as its environment."""
+    if not program.startswith("/"):
+        raise FabricError("systemd needs an absolute program path; got %r" % program)
+    if not env_file_path.startswith("/"):
+        raise FabricError("systemd needs an absolute EnvironmentFile path; got %r" % env_file_path)
+    exec_start = " ".join(_systemd_quote(a) for a in [program] + [str(a) for a in args])
+    after_line = " ".join(after)
+    lines = [
+        "[Unit]",
+        "Description=%s" % description.replace("%", "%%"),
+        "Wants=%s" % after_line,
+        "After=%s" % after_line,
+        "",
+        "[Service]",
+        "Type=simple",
+        "EnvironmentFile=%s" % env_file_path,
+        "Environment=%s=%s" % (HASH_ENV, digest),
+        "ExecStart=%s" % exec_start,
+        "Restart=on-failure",
+        "RestartSec=5",
+        "KillMode=control-group",
+        "TimeoutStopSec=%d" % int(stop_timeout),
+        "LimitMEMLOCK=infinity",
+        "LimitNOFILE=1048576",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# docker runtime
+# ---------------------------------------------------------------------------
+
+
+def docker_container_params(
+    name: str,
+    image: str,
+    env_file_path: str,
+    program: str,
+    args: Sequence[str],
+    digest: str,
+    model_dir: Optional[str] = None,
+    shm_size: str = "16g",
+    gpus: str = "all",
+    infiniband: bool = True,
+    role: Optional[str] = None,
+) -> dict[str, Any]:
+    """Parameters of ``community.docker.docker_container`` for one node process.
+
+    Host network and IPC (Ray and NCCL see the real fabric interface), all
+    GPUs through a device request, ``/dev/infiniband`` and ``IPC_LOCK`` with
+    unlimited memlock for RDMA, a sized ``/dev/shm``, the model directory read
+    only, the env file, and ``--restart unless-stopped``.
+    """
+    _check_name(name, "container name")
+    if not image:
+        raise FabricError("container %s: no image given; set the image variable" % name)
+    if gpus == "all":
+        device_request: dict[str, Any] = {"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}
+    else:
+        try:
+            count = int(gpus)
+        except ValueError:
+            raise FabricError("container %s: gpus must be 'all' or a number; got %r" % (name, gpus))
+        device_request = {"driver": "nvidia", "count": count, "capabilities": [["gpu"]]}
+    labels = {HASH_LABEL: digest, "multinode.vllm.program": program}
+    if role:
+        labels["multinode.vllm.role"] = role
+    params: dict[str, Any] = {
+        "name": name,
+        "image": image,
+        "state": "started",
+        "command": [program] + [str(a) for a in args],
+        "env_file": env_file_path,
+        "env": {HASH_ENV: digest},
+        "network_mode": "host",
+        "ipc_mode": "host",
+        "device_requests": [device_request],
+        "capabilities": ["IPC_LOCK"],
+        "ulimits": ["memlock:-1:-1"],
+        "shm_size": shm_size,
+        "restart_policy": "unless-stopped",
+        "labels": labels,
+    }
+    if infiniband:
+        params["devices"] = ["/dev/infiniband:/dev/infiniband:rwm"]
+    if model_dir:
+        params["mounts"] = [{"type": "bind", "source": model_dir, "target": model_dir, "read_only": True}]
+    return params
+
+
+def render(
+    runtime: str,
+    name: str,
+    env: Mapping[str, str],
+    program: str,
+    args: Sequence[str],
+    env_file_path: str,
+    python: str = "",
+    launcher: str = "",
+    log_dir: str = "/var/log/multinode-vllm",
+    run_dir: str = "/run/multinode-vllm",
+    include_dir: str = "/etc/multinode-vllm/supervisor.d",
+    image: str = "",
+    model_dir: Optional[str] = None,
+    shm_size: str = "16g",
+    gpus: str = "all",
+    role: Optional[str] = None,
+) -> dict[str, Any]:
+    """Everything a role needs for one process under ``runtime``, with its config hash."""
+    if runtime not in RUNTIMES:
+        raise FabricError("runtime %r is not one of %s" % (runtime, ", ".join(RUNTIMES)))
+    extra: dict[str, Any] = {"runtime": runtime, "program": program}
+    if runtime == "docker":
+        extra["image"] = image
+    digest = config_hash(env, args, extra)
+    result: dict[str, Any] = {"runtime": runtime, "hash": digest, "args": [str(a) for a in args]}
+    if runtime == "process":
+        if not python or not launcher:
+            raise FabricError("runtime process needs the launcher and the python that runs it")
+        command = launcher_command(python, launcher, env_file_path, program, args)
+        result["command"] = command
+        result["supervisor_program"] = supervisor_program(name, command, digest, log_dir)
+        result["supervisord_config"] = supervisord_config(run_dir, log_dir, include_dir)
+    elif runtime == "systemd":
+        result["systemd_unit"] = systemd_unit("multinode.vllm %s" % name, env_file_path, program, args, digest)
+    else:
+        result["docker"] = docker_container_params(
+            name, image, env_file_path, program, args, digest, model_dir=model_dir, shm_size=shm_size, gpus=gpus,
+            role=role,
+        )
+    return result

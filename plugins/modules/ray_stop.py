@@ -1,0 +1,131 @@
+#!/usr/bin/python
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: ray_stop
+short_description: Stop the Ray processes of this node (only this node's network namespace)
+version_added: 0.1.0
+description:
+  - The equivalent of C(ray stop --force) limited to this host's network namespace. C(ray stop) matches processes by
+    name across the whole PID namespace; where nodes share one (the lab) it would also kill the other nodes' Ray.
+  - O(scope=foreign) stops only Ray processes that this node's supervisord did not start (a hand-started Ray, as in
+    the incident); O(scope=all) stops every Ray process here.
+  - Sends SIGTERM, waits up to O(timeout) seconds, then SIGKILLs what is left.
+  - In check mode reports what it would stop and stops nothing.
+author:
+  - multinode.vllm maintainers (@multinode)
+extends_documentation_fragment:
+  - multinode.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+options:
+  scope:
+    description: Which Ray processes to stop.
+    type: str
+    choices: [foreign, all]
+    default: foreign
+  supervisord_pidfile:
+    description: Pidfile of this node's supervisord (its descendants are not foreign).
+    type: path
+    default: /run/multinode-vllm/supervisord.pid
+  timeout:
+    description: Seconds between SIGTERM and SIGKILL.
+    type: float
+    default: 10
+"""
+
+EXAMPLES = r"""
+- name: Stop a Ray that multinode.vllm did not start
+  multinode.vllm.ray_stop:
+    scope: foreign
+"""
+
+RETURN = r"""
+stopped:
+  description: The processes stopped (or that would be), with pid, name and the address the raylet had registered.
+  returned: always
+  type: list
+  elements: dict
+killed:
+  description: Pids that needed SIGKILL.
+  returned: always
+  type: list
+  elements: int
+"""
+
+import os
+import signal
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.multinode.vllm.plugins.module_utils._procs import node_state
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            scope=dict(type="str", choices=["foreign", "all"], default="foreign"),
+            supervisord_pidfile=dict(type="path", default="/run/multinode-vllm/supervisord.pid"),
+            timeout=dict(type="float", default=10),
+        ),
+        supports_check_mode=True,
+    )
+    state = node_state(module.params["supervisord_pidfile"])
+    if module.params["scope"] == "all":
+        pids = [p["pid"] for p in state["processes"]]
+    else:
+        pids = list(state["foreign_pids"])
+    names = {p["pid"]: p["name"] for p in state["processes"]}
+    stopped = [
+        dict(pid=pid, name=names.get(pid), node_ip_address=state["node_ip_address"] if pid == state["raylet_pid"] else None)
+        for pid in pids
+    ]
+    result = dict(changed=bool(pids), stopped=stopped, killed=[], node=state)
+    if not pids or module.check_mode:
+        module.exit_json(**result)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + module.params["timeout"]
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                result["killed"].append(pid)
+            except ProcessLookupError:
+                pass
+    # Ray may have spawned workers meanwhile: one more sweep.
+    again = node_state(module.params["supervisord_pidfile"])
+    rest = [p["pid"] for p in again["processes"]] if module.params["scope"] == "all" else again["foreign_pids"]
+    for pid in rest:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            result["killed"].append(pid)
+        except ProcessLookupError:
+            pass
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
