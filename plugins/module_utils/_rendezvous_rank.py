@@ -142,8 +142,9 @@ def gloo_selection(value, interfaces, fabric_ip, hostname_addresses=()):
         sel["addresses"].append(iface["ipv4"][0])
     sel["carries_fabric"] = bool(sel["addresses"]) and all(a == fabric_ip for a in sel["addresses"])
     if not problems and not sel["carries_fabric"]:
-        problems.append("interface %s has %s, not the fabric address %s" % (
-            ",".join(wanted), ", ".join(sel["addresses"]), fabric_ip))
+        problems.append("%s=%s selects interface %s (%s), not the fabric address %s: Gloo binds its sockets "
+                        "there, off the fabric" % (GLOO_VAR, value, ",".join(wanted), ", ".join(sel["addresses"]),
+                                                   fabric_ip))
     sel["problem"] = "; ".join(problems) or None
     return sel
 

@@ -122,7 +122,8 @@ def test_rank_environment_env_file_wins_over_base():
     "value, hostname_addrs, carries, problem",
     [
         (FABRIC, (), True, None),
-        ("eth0", (), False, "interface eth0 has 198.19.2.10, not the fabric address 198.18.200.13"),
+        ("eth0", (), False, "GLOO_SOCKET_IFNAME=eth0 selects interface eth0 (198.19.2.10), not the fabric address "
+                            "198.18.200.13: Gloo binds its sockets there, off the fabric"),
         ("^lo", (), False, "not NCCL's ^/= syntax"),
         ("=enp1s0f1np1", (), False, "not NCCL's ^/= syntax"),
         ("ib0", (), False, "interface ib0 does not exist on this node"),
@@ -208,7 +209,7 @@ TIMEOUT = "RuntimeError: Timed out after 56 seconds waiting for clients. 1/2 cli
              "spark1": dict(ok=False, error=TIMEOUT, error_phase="init")},
             "spark2 could not reach the rendezvous at 198.18.200.12:29600 from interface eth0 (GLOO_SOCKET_IFNAME); "
             "the fabric interface is enp1s0f1np1",
-            ["spark2: interface eth0 has 198.19.2.10, not the fabric address 198.18.200.13",
+            ["spark2: GLOO_SOCKET_IFNAME=eth0 selects interface eth0 (198.19.2.10), not the fabric address",
              "spark1 (rank 0, the rendezvous at 198.18.200.12:29600) failed in phase init waiting for spark2"],
         ),
         (
@@ -256,6 +257,17 @@ def test_cluster_problems(name, changes, expected_first, expected_also):
     assert problems[0].startswith(expected_first), problems
     for fragment in expected_also:
         assert any(fragment in p for p in problems), (fragment, problems)
+
+
+def test_interface_off_the_fabric_fails_even_when_the_two_rank_rendezvous_passed():
+    # Measured in the lab: with only the worker's Gloo on eth0, a 2-rank group
+    # still forms (the worker dials the head's fabric address); the
+    # configuration is wrong all the same and the preflight says so.
+    results = _ok()
+    results["spark2"] = _rank("spark2", 1, "198.18.200.13", gloo_if="eth0")
+    assert cluster_problems(results, "spark1") == [
+        "spark2: GLOO_SOCKET_IFNAME=eth0 selects interface eth0 (198.19.2.10), not the fabric address 198.18.200.13: "
+        "Gloo binds its sockets there, off the fabric; the fabric interface is enp1s0f1np1 (198.18.200.13)"]
 
 
 def test_a_rank_with_no_output_is_named_with_the_deadline():
