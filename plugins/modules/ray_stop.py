@@ -40,6 +40,16 @@ options:
     description: Seconds between SIGTERM and SIGKILL.
     type: float
     default: 10
+  stop_supervisord:
+    description:
+      - First stop this node's supervisord (the C(process) runtime) with SIGTERM and wait up to O(supervisord_timeout)
+        seconds; supervisord stops its programs (Ray) on the way out.
+    type: bool
+    default: false
+  supervisord_timeout:
+    description: Seconds to wait for supervisord to exit before it is killed.
+    type: float
+    default: 60
 """
 
 EXAMPLES = r"""
@@ -49,6 +59,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+supervisord:
+  description: Pid of the supervisord stopped (or that would be); null when none ran.
+  returned: always
+  type: int
 stopped:
   description: The processes stopped (or that would be), with pid, name and the address the raylet had registered.
   returned: always
@@ -84,10 +98,24 @@ def main() -> None:
             scope=dict(type="str", choices=["foreign", "all"], default="foreign"),
             supervisord_pidfile=dict(type="path", default="/run/multinode-vllm/supervisord.pid"),
             timeout=dict(type="float", default=10),
+            stop_supervisord=dict(type="bool", default=False),
+            supervisord_timeout=dict(type="float", default=60),
         ),
         supports_check_mode=True,
     )
     state = node_state(module.params["supervisord_pidfile"])
+    sup = state["supervisord_pid"] if module.params["stop_supervisord"] else None
+    if sup is not None and not module.check_mode:
+        try:
+            os.kill(sup, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + module.params["supervisord_timeout"]
+        while time.monotonic() < deadline and _alive(sup):
+            time.sleep(0.2)
+        if _alive(sup):
+            os.kill(sup, signal.SIGKILL)
+        state = node_state(module.params["supervisord_pidfile"])
     if module.params["scope"] == "all":
         pids = [p["pid"] for p in state["processes"]]
     else:
@@ -97,7 +125,7 @@ def main() -> None:
         dict(pid=pid, name=names.get(pid), node_ip_address=state["node_ip_address"] if pid == state["raylet_pid"] else None)
         for pid in pids
     ]
-    result = dict(changed=bool(pids), stopped=stopped, killed=[], node=state)
+    result = dict(changed=bool(pids) or sup is not None, supervisord=sup, stopped=stopped, killed=[], node=state)
     if not pids or module.check_mode:
         module.exit_json(**result)
     for pid in pids:

@@ -1,0 +1,130 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""This node's Ray processes, from a fake /proc laid out like the lab (nodes share one PID namespace)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.multinode.vllm.plugins.module_utils._procs import (
+    Proc,
+    flag_value,
+    is_ray_process,
+    node_state,
+)
+
+VENV = "/venv"
+SP = VENV + "/lib/python3.11/site-packages/ray"
+MINE = "net:[100]"
+OTHER = "net:[200]"
+
+
+def write_proc(root, pid, ppid, name, cmdline, netns, environ=None):
+    base = os.path.join(root, str(pid))
+    os.makedirs(os.path.join(base, "ns"))
+    with open(os.path.join(base, "stat"), "w") as handle:
+        handle.write("%d (%s) S %d 1 1 0 -1\n" % (pid, name, ppid))
+    with open(os.path.join(base, "cmdline"), "wb") as handle:
+        handle.write(b"\0".join(part.encode() for part in cmdline) + b"\0")
+    with open(os.path.join(base, "environ"), "wb") as handle:
+        handle.write(b"\0".join(("%s=%s" % kv).encode() for kv in (environ or {}).items()))
+    os.symlink(netns, os.path.join(base, "ns", "net"))
+
+
+@pytest.fixture
+def proc_root(tmp_path):
+    root = str(tmp_path / "proc")
+    os.makedirs(os.path.join(root, "self", "ns"))
+    os.symlink(MINE, os.path.join(root, "self", "ns", "net"))
+    return root
+
+
+def managed_node(root, pidfile):
+    """supervisord -> ray start --block -> raylet/gcs_server, in this node; another node's raylet beside it."""
+    write_proc(root, 10, 1, "supervisord", [VENV + "/bin/python", VENV + "/bin/supervisord", "-c", "/etc/x"], MINE)
+    write_proc(root, 11, 10, "ray", [VENV + "/bin/python", VENV + "/bin/ray", "start", "--head",
+                                     "--node-ip-address", "198.18.200.12", "--block"], MINE)
+    write_proc(root, 12, 11, "gcs_server", [SP + "/core/src/ray/gcs/gcs_server", "--node-ip-address=198.18.200.12"],
+               MINE)
+    write_proc(root, 13, 11, "raylet", [SP + "/core/src/ray/raylet/raylet", "--node_ip_address=198.18.200.12"], MINE,
+               {"VLLM_HOST_IP": "198.18.200.12", "GLOO_SOCKET_IFNAME": "enp1s0f1np1", "PATH": "/bin",
+                "MULTINODE_VLLM_CONFIG_HASH": "abc"})
+    write_proc(root, 14, 13, "ray::IDLE", ["ray::IDLE"], MINE)
+    write_proc(root, 20, 1, "raylet", [SP + "/core/src/ray/raylet/raylet", "--node_ip_address=198.18.200.13"], OTHER)
+    write_proc(root, 30, 1, "sshd", ["sshd: /usr/sbin/sshd -D"], MINE)
+    with open(pidfile, "w") as handle:
+        handle.write("10\n")
+
+
+def test_managed_node(proc_root, tmp_path):
+    pidfile = str(tmp_path / "supervisord.pid")
+    managed_node(proc_root, pidfile)
+    state = node_state(pidfile, proc_root)
+    assert state["running"] and state["raylet_pid"] == 13 and state["managed"]
+    assert state["node_ip_address"] == "198.18.200.12"
+    assert state["start_node_ip_address"] == "198.18.200.12"
+    assert state["env"] == {"GLOO_SOCKET_IFNAME": "enp1s0f1np1", "VLLM_HOST_IP": "198.18.200.12"}
+    assert state["config_hash"] == "abc"
+    assert state["gcs_server"] and state["supervisord_pid"] == 10
+    assert [p["pid"] for p in state["processes"]] == [11, 12, 13, 14]  # never spark2's raylet (pid 20), nor sshd
+    assert state["foreign_pids"] == []
+
+
+def test_hand_started_incident_head(proc_root, tmp_path):
+    # ray start --head without --node-ip-address daemonizes: raylet's parent is 1, no VLLM_HOST_IP.
+    write_proc(proc_root, 40, 1, "gcs_server", [SP + "/core/src/ray/gcs/gcs_server"], MINE)
+    write_proc(proc_root, 41, 1, "raylet", [SP + "/core/src/ray/raylet/raylet", "--node_ip_address=198.19.1.10"],
+               MINE, {"PATH": "/bin"})
+    write_proc(proc_root, 42, 1, "python", [VENV + "/bin/python", "-m", "ray.util.client.server"], MINE)
+    state = node_state(str(tmp_path / "none.pid"), proc_root)
+    assert state["running"] and not state["managed"]
+    assert state["node_ip_address"] == "198.19.1.10" and state["start_node_ip_address"] is None
+    assert state["env"] == {} and state["config_hash"] is None and state["supervisord_pid"] is None
+    assert state["foreign_pids"] == [40, 41, 42]
+
+
+def test_stale_pidfile_is_not_our_supervisord(proc_root, tmp_path):
+    pidfile = str(tmp_path / "supervisord.pid")
+    write_proc(proc_root, 10, 1, "sleep", ["sleep", "100"], MINE)  # pid reused by something else
+    with open(pidfile, "w") as handle:
+        handle.write("10")
+    assert node_state(pidfile, proc_root)["supervisord_pid"] is None
+
+
+def test_nothing_running(proc_root, tmp_path):
+    state = node_state(str(tmp_path / "x.pid"), proc_root)
+    assert not state["running"] and state["processes"] == [] and state["foreign_pids"] == []
+
+
+@pytest.mark.parametrize(
+    "name, cmdline, expected",
+    [
+        ("raylet", (SP + "/raylet",), True),
+        ("gcs_server", (), True),
+        ("ray::IDLE", ("ray::IDLE",), True),
+        ("python", (VENV + "/bin/python", VENV + "/bin/ray", "start", "--head"), True),
+        ("ray", ("ray", "start"), True),
+        ("python", (VENV + "/bin/python", "-u", SP + "/dashboard/agent.py"), True),
+        ("python", (VENV + "/bin/python", "-m", "ray.util.client.server"), True),
+        ("python", (VENV + "/bin/python", VENV + "/bin/ray", "status"), False),
+        ("python", (VENV + "/bin/python", "-m", "vllm.entrypoints.openai.api_server"), False),
+        ("sshd", ("sshd: root",), False),
+    ],
+)
+def test_is_ray_process(name, cmdline, expected):
+    assert is_ray_process(Proc(pid=1, ppid=0, name=name, cmdline=cmdline, netns=MINE)) is expected
+
+
+@pytest.mark.parametrize(
+    "cmdline, value",
+    [
+        (("ray", "start", "--node-ip-address", "1.2.3.4"), "1.2.3.4"),
+        (("ray", "start", "--node-ip-address=1.2.3.4"), "1.2.3.4"),
+        (("ray", "start", "--head"), None),
+    ],
+)
+def test_flag_value(cmdline, value):
+    assert flag_value(cmdline, "--node-ip-address") == value
