@@ -104,12 +104,12 @@ class Sender:
             for line in reader:
                 request = json.loads(line)
                 if request.get("op") == "done":
-                    _send_json(conn, {"ok": True})
                     with self.lock:
                         self.done.add(peer_ip)
-                        if set(self.peers) <= self.done:
+                        if set(self.peers) <= self.done and not self.stop.is_set():
                             self.reason = "every worker done"
                             self.stop.set()
+                    _send_json(conn, {"ok": True})
                     return
                 path = str(request.get("path"))
                 real = self.files.get(path)
@@ -146,6 +146,7 @@ class Sender:
 
     def serve(self, tcp: socket.socket, control: socket.socket, summary_path: Optional[str] = None) -> None:
         waiting: list[socket.socket] = []
+        handlers: list[threading.Thread] = []
         while not self.stop.is_set():
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
@@ -159,7 +160,9 @@ class Sender:
                     conn.settimeout(1.0)
                     try:
                         if conn.recv(64).startswith(b"QUIT"):
-                            self.reason = "stopped"
+                            with self.lock:
+                                if not self.stop.is_set():
+                                    self.reason = "stopped"
                             self.stop.set()
                             waiting.append(conn)
                             continue
@@ -167,23 +170,27 @@ class Sender:
                         pass
                     conn.close()
                 else:
-                    threading.Thread(target=self.handle, args=(conn, addr[0]), daemon=True).start()
+                    thread = threading.Thread(target=self.handle, args=(conn, addr[0]), daemon=True)
+                    thread.start()
+                    handlers.append(thread)
         tcp.close()
         # Transfers in flight finish (their threads hold their own sockets) before the summary.
         grace = time.monotonic() + 20.0
-        for thread in [t for t in threading.enumerate() if t is not threading.current_thread() and t.daemon]:
+        for thread in handlers:
             thread.join(timeout=max(0.0, min(self.deadline, grace) - time.monotonic()))
         if summary_path:
             tmp = summary_path + ".tmp"
             with open(tmp, "w") as handle:
                 json.dump(self.summary(), handle)
             os.replace(tmp, summary_path)
+        control.close()  # before BYE: whoever connects after that finds no sender
         for conn in waiting:
             try:
                 conn.sendall(b"BYE\n")
+            except OSError:
+                pass
             finally:
                 conn.close()
-        control.close()
 
 
 def bind_sender(ip: str, port: int, wait: float = 3.0) -> tuple[socket.socket, socket.socket]:
