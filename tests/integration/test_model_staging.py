@@ -1,0 +1,167 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Model staging over the lab: spark1 has the model, spark2 gets it over 198.18.200.0/24 (docs/model-staging.md).
+
+The tests run in file order and share the lab state: first copy, no-change re-run, corruption repair,
+check mode, not enough space. The model lives in each node's private /var/lib/multinode-vllm.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import pytest
+
+from conftest import labctl, run_playbook
+
+NAME = "itest-staging"
+MODEL = "/var/lib/multinode-vllm/models/%s" % NAME
+FABRIC = ipaddress.ip_network("198.18.200.0/24")
+FILES = {"config.json": 0, "model-00001-of-00003.safetensors": 1536 * 1024,
+         "model-00002-of-00003.safetensors": 1536 * 1024, "sub/model-00003-of-00003.safetensors": 1024 * 1024}
+
+pytestmark = pytest.mark.usefixtures("lab2")
+
+
+def node(host: str, script: str) -> str:
+    return labctl("exec", host, "--", "python3", "-c", script)
+
+
+def sha256sums(host: str) -> dict:
+    out = node(host, (
+        "import hashlib,os,json;r=%r;print(json.dumps({os.path.relpath(os.path.join(d,f),r): "
+        "hashlib.sha256(open(os.path.join(d,f),'rb').read()).hexdigest() for d,_,fs in os.walk(r) for f in fs}))"
+    ) % MODEL)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def cleanup() -> None:
+    for host in ("spark1", "spark2"):
+        labctl("exec", host, "--", "sh", "-c",
+               "umount %s 2>/dev/null; rm -rf %s /var/lib/multinode-vllm/manifest-cache "
+               "/var/lib/multinode-vllm/model-transfer" % (MODEL, MODEL), check=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def model(lab2):
+    cleanup()
+    node("spark1", (
+        "import os;r=%r;files=%r\n"
+        "for rel,size in files.items():\n"
+        "    p=os.path.join(r,rel);os.makedirs(os.path.dirname(p),exist_ok=True)\n"
+        "    open(p,'wb').write(os.urandom(size) if size else b'{\"architectures\": [\"Tiny\"]}')\n"
+    ) % (MODEL, FILES))
+    yield
+    cleanup()
+
+
+def stage(monkeypatch, *args: str):
+    """Run playbooks/model.yml with the json callback; return (rc, parsed output, raw output)."""
+    monkeypatch.setenv("ANSIBLE_STDOUT_CALLBACK", "ansible.builtin.json")
+    run = run_playbook("playbooks/model.yml", "-e", "model_name=%s" % NAME, *args)
+    start = run.output.find("{")
+    try:
+        data = json.loads(run.output[start:])
+    except ValueError:
+        raise AssertionError("no json output (rc %d):\n%s" % (run.rc, run.output))
+    return run.rc, data, run.output
+
+
+def task(data: dict, name: str) -> dict:
+    """host -> result of the task whose name starts with ``name`` (the last play that ran it)."""
+    for play in reversed(data["plays"]):
+        for item in play["tasks"]:
+            if item["task"]["name"].split(" : ", 1)[-1].startswith(name):
+                return item["hosts"]
+    return {}
+
+
+def role_seconds(data: dict) -> float:
+    """Wall time of the model play (the role's tasks only; the fabric preflight is the play before)."""
+    from datetime import datetime
+
+    play = data["plays"][-1]
+    assert play["play"]["name"].startswith("Stage the model")
+    stamps = [(item["task"]["duration"]["start"], item["task"]["duration"]["end"]) for item in play["tasks"]]
+    parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+    return (max(parse(e) for _, e in stamps) - min(parse(s) for s, _ in stamps)).total_seconds()
+
+
+def served(data: dict) -> dict:
+    return task(data, "Show what the sender served")["spark1"]["msg"]
+
+
+def test_first_run_copies_everything_over_the_fabric(monkeypatch):
+    assert not labctl("exec", "spark2", "--", "ls", MODEL, check=False).strip().endswith("json")
+    rc, data, output = stage(monkeypatch)
+    assert rc == 0, output
+    summary = served(data)
+    assert summary["peers"] == ["198.18.200.13"]
+    assert all(ipaddress.ip_address(p) in FABRIC for p in summary["peers"])
+    assert sorted(s["path"] for s in summary["served"]) == sorted(FILES)
+    assert {s["peer"] for s in summary["served"]} == {"198.18.200.13"}
+    assert summary["reason"] == "every worker done"
+    # Verified by manifest in the role, and independently here.
+    assert task(data, "Fail on a worker whose copy differs")["spark2"]["msg"] == "spark2: up to date"
+    assert sha256sums("spark2") == sha256sums("spark1")
+    # The token never appears in the output; the tasks that carry it are censored.
+    assert "censored" in json.dumps(task(data, "Start the short-lived sender")["spark1"])
+    assert "token" not in json.dumps(task(data, "Pull the missing files")["spark2"])
+    # Nothing listens after the task.
+    out = node("spark2", "import socket\ntry:\n socket.create_connection(('198.18.200.12', 29510), 2)\n print('open')\n"
+                         "except OSError as e:\n print('closed', e)")
+    assert "closed" in out
+
+
+def test_no_change_rerun_transfers_nothing_within_5_s(monkeypatch):
+    rc, data, output = stage(monkeypatch)
+    assert rc == 0, output
+    assert task(data, "Start the short-lived sender")["spark1"].get("skipped")
+    assert task(data, "Pull the missing files")["spark2"].get("skipped")
+    assert task(data, "Show which node receives which files")["spark1"]["msg"][1] == "spark2: up to date"
+    # Nothing rehashed: every hash came from the caches.
+    assert task(data, "Manifest of the model on the head")["spark1"]["counts"]["hashed"] == 0
+    assert task(data, "Compare every worker")["spark2"]["counts"]["hashed"] == 0
+    seconds = role_seconds(data)
+    print("no-change re-run, role tasks: %.2f s" % seconds)
+    assert seconds <= 5.0
+
+
+def test_corrupted_file_is_detected_and_only_it_is_resent(monkeypatch):
+    bad = "model-00002-of-00003.safetensors"
+    node("spark2", "f=open(%r,'r+b');f.seek(4096);f.write(b'CORRUPT');f.close()" % ("%s/%s" % (MODEL, bad)))
+    assert sha256sums("spark2")[bad] != sha256sums("spark1")[bad]
+    rc, data, output = stage(monkeypatch)
+    assert rc == 0, output
+    assert "%s (sha256 differs)" % bad in task(data, "Show which node receives which files")["spark1"]["msg"][1]
+    assert [s["path"] for s in served(data)["served"]] == [bad]
+    assert sha256sums("spark2") == sha256sums("spark1")
+
+
+def test_check_mode_reports_and_changes_nothing(monkeypatch):
+    gone = "sub/model-00003-of-00003.safetensors"
+    labctl("exec", "spark2", "--", "rm", "%s/%s" % (MODEL, gone))
+    rc, data, output = stage(monkeypatch, "--check")
+    assert rc == 0, output
+    assert task(data, "Show which node receives which files")["spark1"]["msg"][1] == \
+        "spark2: 1 file(s), 1.0 MiB: %s (missing)" % gone
+    assert task(data, "Pull the missing files")["spark2"]["changed"] is True
+    assert task(data, "Start the short-lived sender")["spark1"].get("changed") is False
+    assert gone not in sha256sums("spark2")
+
+
+def test_not_enough_space_fails_before_any_copy(monkeypatch):
+    labctl("exec", "spark2", "--", "sh", "-c", "rm -rf %s && mkdir -p %s && mount -t tmpfs -o size=1M tmpfs %s"
+           % (MODEL, MODEL, MODEL))
+    try:
+        rc, data, output = stage(monkeypatch)
+        assert rc != 0
+        message = task(data, "Fail before any copy when a node lacks disk space")["spark1"]["msg"]
+        assert "spark2: not enough disk space for the model in %s" % MODEL in message
+        assert "needs 4.0 MiB (4194331 bytes)" in message
+        assert "1.0 MiB free (1048576 bytes)" in message
+        assert not task(data, "Start the short-lived sender")  # never reached
+        assert sha256sums("spark2") == {}
+    finally:
+        labctl("exec", "spark2", "--", "umount", MODEL, check=False)
