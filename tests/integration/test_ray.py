@@ -97,9 +97,14 @@ def test_incident_is_caught_by_verify_within_15s(lab):
     node_exec("spark1", RAY, "start", "--head", "--port", "6379", "--num-gpus", "1")
     node_exec("spark2", RAY, "start", "--address", "%s:6379" % HEAD_FABRIC,
               "--node-ip-address", "198.18.200.13", "--num-gpus", "1")
-    status = node_exec("spark1", RAY, "status", "--address", "%s:6379" % HEAD_FABRIC)
-    # `ray status` says all is well: two active nodes, two GPUs.
-    active = status.split("Active:", 1)[1].split("Pending:", 1)[0]
+    # `ray status` says all is well: two active nodes, two GPUs (the autoscaler view lags the join a little).
+    deadline = time.monotonic() + 60
+    while True:
+        status = node_exec("spark1", RAY, "status", "--address", "%s:6379" % HEAD_FABRIC)
+        active = status.split("Active:", 1)[1].split("Pending:", 1)[0]
+        if len(re.findall(r"node_[0-9a-f]+", active)) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert len(re.findall(r"node_[0-9a-f]+", active)) == 2, status
     assert "0.0/2.0 GPU" in status, status
 
