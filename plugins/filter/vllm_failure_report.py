@@ -1,0 +1,51 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: vllm_failure_report
+short_description: A failed vLLM start explained, from the log tails of every node
+version_added: 0.1.0
+description:
+  - Finds the most likely cause in the log tails (the failure table of C(docs/serve.md); the first signature found,
+    most specific first), and returns the reason, that cause with its fix, and the last lines of every log.
+author: multinode.vllm maintainers (@multinode)
+options:
+  _input:
+    description: Log lines keyed by a label such as C(spark2:/var/log/multinode-vllm/ray.log).
+    type: dict
+    required: true
+  reason:
+    description: What failed (first line of the report).
+    type: str
+    required: true
+  lines:
+    description: Lines shown per log.
+    type: int
+    default: 15
+"""
+
+EXAMPLES = r"""
+- name: Fail with every node's logs and the likely cause
+  ansible.builtin.fail:
+    msg: "{{ tails | multinode.vllm.vllm_failure_report(reason='vLLM was not ready after 600 s') }}"
+"""
+
+RETURN = r"""
+_value:
+  description: The report text.
+  type: str
+"""
+
+from ansible_collections.multinode.vllm.plugins.module_utils._serve import failure_message, likely_cause
+
+
+def vllm_failure_report(tails, reason, lines=15):
+    tails = {str(k): [str(x) for x in (v or [])] for k, v in dict(tails).items()}
+    return failure_message(str(reason), tails, likely_cause(tails), lines=int(lines))
+
+
+class FilterModule:
+    def filters(self):
+        return {"vllm_failure_report": vllm_failure_report}
