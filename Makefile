@@ -16,7 +16,7 @@ export PYTHONPATH := $(COLLECTIONS)
 include lab/lab.mk
 include lab/lab-runtime.mk
 
-.PHONY: help setup system-deps check unit lint sanity build test integration molecule lock clean demo demo-down lab-runtime
+.PHONY: help setup system-deps check unit lint sanity build test integration molecule lock clean demo demo-down bench lab-runtime
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -69,10 +69,20 @@ test: check sanity build integration molecule ## Everything CI runs
 clean: ## Remove the venv and caches (not the lab; see lab-down / lab-clean)
 	rm -rf $(VENV) .cache .pytest_cache tests/output
 
-demo: setup system-deps lab-runtime ## Bring the 2-node lab up and deploy onto it (stays up; make demo-down)
+BACKEND ?= ray
+demo: setup system-deps lab-runtime ## Lab up, deploy + serve the tiny model (TP=2, BACKEND=ray|native), print a completion; stays up
 	$(LABCTL) up 2
-	$(BIN)/ansible-playbook -i inventories/lab playbooks/deploy.yml
+	set -o pipefail; $(BIN)/ansible-playbook -i inventories/lab playbooks/deploy.yml -e vllm_backend=$(BACKEND) \
+	  | tee .cache/demo.log
+	@echo; echo "== make demo ($(BACKEND)): node table, one completion, tokens/s =="
+	@sed -n '/TASK \[Show the node table\]/,/^$$/p;/TASK \[Show one completion/,/^$$/p' .cache/demo.log \
+	  | grep -vE '^(TASK|ok:| +msg:|$$)'
+	@echo "Try it: curl -s http://198.19.1.10:8000/v1/completions -H 'Content-Type: application/json' \\"
+	@echo "  -d '{\"model\": \"tiny\", \"prompt\": \"Hello\", \"max_tokens\": 16}'     (make demo-down when done)"
 
-demo-down: ## Tear down what demo started, then the lab
-	-$(BIN)/ansible-playbook -i inventories/lab playbooks/teardown.yml 2>/dev/null
+demo-down: ## Tear down what demo started (serve, Ray), then the lab
+	-$(BIN)/ansible-playbook -i inventories/lab playbooks/teardown.yml
 	$(LABCTL) down
+
+bench: setup system-deps lab-runtime ## Serve benchmark on the lab (collection vs hand-launched); writes docs/benchmarks.md (section Serve)
+	tests/bench/bench_serve.sh

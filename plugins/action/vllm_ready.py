@@ -23,6 +23,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve import (
     ServeError,
     completion_result,
     failure_message,
+    fatal_line,
     health_ok,
     likely_cause,
     models_list,
@@ -103,6 +104,11 @@ class ActionModule(ActionBase):
                 why = ("the serve process on %s exited (pid %s)" % (host, first_pid) if pid is None else
                        "the serve process on %s exited and was restarted (pid %s, now %s)" % (host, first_pid, pid))
                 return self._fail(result, host, why, stage, node, elapsed)
+            fatal = "" if stage == "ready" else fatal_line(
+                [line for lines in (node.get("tails") or {}).values() for line in lines])
+            if fatal:
+                return self._fail(result, host, "vllm serve on %s failed while starting: %s" % (host, fatal),
+                                  stage, node, elapsed)
             if first_pid is None and elapsed > 30:
                 return self._fail(result, host, "no vllm serve process runs on %s" % host, stage, node, elapsed)
 
@@ -151,7 +157,7 @@ class ActionModule(ActionBase):
         ready_seconds = round(time.monotonic() - start, 1)
         tokens = 0
         t0 = time.monotonic()
-        for _ in range(max(0, burst_requests)):
+        for _request in range(max(0, burst_requests)):
             status, text = http("POST", url + "/v1/completions", timeout=300, body={
                 "model": name, "prompt": prompt, "max_tokens": burst_tokens, "temperature": 0, "ignore_eos": True})
             if status == 200:
@@ -163,8 +169,8 @@ class ActionModule(ActionBase):
         tps = tokens_per_second(tokens, burst_seconds) if burst_requests > 0 else None
         display.display("%s: ready after %.1f s; completion %r; %s" % (
             host, ready_seconds, completion["text"],
-            "%s tokens/s (%d tokens in %.2f s, %d requests of %d)" % (tps, tokens, burst_seconds, burst_requests,
-                                                                    burst_tokens) if tps is not None else "no burst"))
+            "%s tokens/s (%d tokens in %.2f s, %d requests of %d)" % (
+                tps, tokens, burst_seconds, burst_requests, burst_tokens) if tps is not None else "no burst"))
         result.update(
             stage="ready", seconds=ready_seconds, text=completion["text"], completion=completion,
             served_model_name=name, tokens_per_second=tps, burst_tokens=tokens,

@@ -334,6 +334,22 @@ CAUSES: tuple[Cause, ...] = (
 )
 
 
+# Lines after which a start cannot succeed any more (the API process may linger; waiting longer is useless).
+_FATAL = re.compile(
+    r"Engine core initialization failed|WorkerProc initialization failed|EngineDeadError|"
+    r"current platform cpu does not support ray|Every node should have a unique IP address|"
+    r"Address already in use|Illegal instruction"
+)
+
+
+def fatal_line(lines: Sequence[str]) -> str:
+    """The first line of a log tail saying that this start has failed for good; '' if none."""
+    for line in lines:
+        if _FATAL.search(line):
+            return clean_line(line).strip()
+    return ""
+
+
 def likely_cause(tails: Mapping[str, Sequence[str]]) -> Optional[dict[str, str]]:
     """The most likely cause of a failed or stuck start, from each node's log tail.
 
@@ -355,8 +371,8 @@ def failure_message(reason: str, tails: Mapping[str, Sequence[str]], cause: Opti
     """The failure text: what happened, the most likely cause, then the last lines of every log."""
     parts = [reason]
     if cause:
-        parts.append("most likely cause: %s (%s: %s). Fix: %s" % (cause["cause"], cause["host"], cause["line"],
-                                                                 cause["fix"]))
+        parts.append("most likely cause: %s (%s: %s). Fix: %s" % (
+            cause["cause"], cause["host"], cause["line"], cause["fix"]))
     else:
         parts.append("most likely cause: not recognised from the logs; read the lines below")
     for name in sorted(tails):

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -17,6 +18,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve import (
     check_parallel,
     completion_result,
     env_prefix,
+    fatal_line,
     failure_message,
     health_ok,
     likely_cause,
@@ -142,7 +144,7 @@ def test_serve_renders_into_the_same_runtime_and_hash_changes_only_with_settings
     assert first["hash"] == again["hash"]
     assert "[program:vllm]" in first["supervisor_program"]
     assert "multinode-env-exec /etc/multinode-vllm/node.env /usr/bin/env" in first["supervisor_program"]
-    changed = proc(serve_args("ray", ServeSettings(**dict(BASE.__dict__, model="/models/other"))))
+    changed = proc(serve_args("ray", dataclasses.replace(BASE, model="/models/other")))
     assert changed["hash"] != first["hash"]
     unit = render("systemd", "vllm", env, "/usr/bin/env", args, "/etc/multinode-vllm/node.env")["systemd_unit"]
     assert "EnvironmentFile=/etc/multinode-vllm/node.env" in unit
@@ -319,3 +321,18 @@ def test_rendezvous_check(rank, conns, master_port, error):
         assert result is not None
         import re
         assert re.search(error, result), result
+
+
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        (["INFO a", "Exception: WorkerProc initialization failed due to an exception"],
+         "Exception: WorkerProc initialization failed due to an exception"),
+        (["RuntimeError: Engine core initialization failed. See root cause above."],
+         "RuntimeError: Engine core initialization failed. See root cause above."),
+        (["INFO Waiting for creating a placement group of specs for 10 seconds"], ""),
+        (["WARNING Found ulimit of 20000 ... OSError: [Errno 24] Too many open files"], ""),
+    ],
+)
+def test_fatal_line(lines, expected):
+    assert fatal_line(lines) == expected

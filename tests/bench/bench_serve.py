@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Serve benchmark on the 2-node lab: the collection vs the same commands by hand (docs/benchmarks.md, ## Serve).
+
+Root, from the repo root: ``make bench`` (or ``.venv/bin/python tests/bench/bench_serve.py``).
+
+1. lab up 2, teardown (clean start), then a warm-up deploy through the collection (untimed): it fills the
+   per-node compile cache and renders the exact commands (supervisor.d/ray.conf and vllm.conf on each node).
+2. teardown; HAND: over ssh, the same ``ray start`` (head, then worker; without --block, as a shell script
+   would) and the same ``vllm serve`` with the same env file, then poll until a completion returns text.
+3. teardown; COLLECTION: ``ansible-playbook playbooks/deploy.yml -e serve_burst_requests=0`` until it exits
+   (its readiness ends with the first completion).
+After each: the same client burst (BURST requests of 64 tokens, ignore_eos) for tokens/s, and the peak PSS of
+every process in the two nodes' network namespaces, sampled each second from start to the end of the burst.
+Leaves the lab down. Prints the markdown section and writes it into docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LABCTL = str(ROOT / "lab" / "labctl")
+SSH_CONFIG = "/var/lib/multinode-vllm-lab/run/ssh/ssh_config"
+API = "http://198.19.1.10:8000"
+MODEL = "tiny"
+BURST = int(os.environ.get("BURST", "5"))
+ENV = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PYTHONPATH=str(ROOT / ".cache" / "collections"),
+           ANSIBLE_NOCOLOR="1")
+PLAYBOOK = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(ROOT / "inventories" / "lab")]
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def run(cmd, check=True, **kw):
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=str(ROOT), **kw)
+    if check and result.returncode != 0:
+        raise SystemExit("failed (%d): %s\n%s%s" % (result.returncode, " ".join(cmd), result.stdout[-3000:],
+                                                     result.stderr[-3000:]))
+    return result
+
+
+def ssh(node, script, check=True):
+    return run(["ssh", "-F", SSH_CONFIG, node, script], check=check)
+
+
+def playbook(name, *args, check=True):
+    return run(PLAYBOOK + [str(ROOT / "playbooks" / name)] + list(args), check=check)
+
+
+def completion(max_tokens, ignore_eos=False, timeout=300):
+    body = {"model": MODEL, "prompt": "Hello, world", "max_tokens": max_tokens, "temperature": 0}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    req = urllib.request.Request(API + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with OPENER.open(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def burst():
+    tokens, start = 0, time.monotonic()
+    for _ in range(BURST):
+        tokens += completion(64, ignore_eos=True)["usage"]["completion_tokens"]
+    return tokens / (time.monotonic() - start)
+
+
+class PeakMemory(threading.Thread):
+    """Peak of the summed PSS (and RSS) of every process in spark1's and spark2's network namespaces."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak_pss = self.peak_rss = 0
+        self.stop = threading.Event()
+
+    def sample(self):
+        pss = rss = 0
+        for ns in ("spark1", "spark2"):
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    text = Path("/proc/%s/smaps_rollup" % pid).read_text()
+                except OSError:
+                    continue
+                for key, value in re.findall(r"^(Pss|Rss):\s+(\d+) kB", text, re.M):
+                    if key == "Pss":
+                        pss += int(value)
+                    else:
+                        rss += int(value)
+        return pss, rss
+
+    def run(self):
+        while not self.stop.is_set():
+            pss, rss = self.sample()
+            self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
+            self.stop.wait(1.0)
+
+
+def rendered_commands():
+    """The program argv of ray.conf / vllm.conf on each node, without the launcher (python launcher envfile)."""
+    out = {}
+    for node in ("spark1", "spark2"):
+        for prog in ("ray", "vllm"):
+            text = ssh(node, "cat /etc/multinode-vllm/supervisor.d/%s.conf 2>/dev/null || true" % prog).stdout
+            match = re.search(r"^command=(.*)$", text, re.M)
+            if match:
+                argv = shlex.split(match.group(1).replace("%%", "%"))[3:]
+                out[(node, prog)] = [a for a in argv if a != "--block"]
+    return out
+
+
+def hand_launch(cmds):
+    env = "mapfile -t E < <(grep -v '^#' /etc/multinode-vllm/node.env | grep .); "
+    ssh("spark1", env + 'env "${E[@]}" ' + shlex.join(cmds[("spark1", "ray")]) + " >/tmp/hand-ray.log 2>&1")
+    ssh("spark2", env + 'env "${E[@]}" ' + shlex.join(cmds[("spark2", "ray")]) + " >/tmp/hand-ray.log 2>&1")
+    ssh("spark1", env + 'setsid nohup env "${E[@]}" ' + shlex.join(cmds[("spark1", "vllm")])
+        + " >/tmp/hand-vllm.log 2>&1 </dev/null &")
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        try:
+            if completion(16, timeout=60)["choices"][0]["text"]:
+                return
+        except Exception:  # noqa: BLE001 (not up yet)
+            pass
+        time.sleep(2)
+    raise SystemExit("hand-launched vLLM was not ready after 900 s; see /tmp/hand-vllm.log in spark1")
+
+
+def measure(label, start_fn):
+    mem = PeakMemory()
+    mem.start()
+    t0 = time.monotonic()
+    start_fn()
+    first = time.monotonic() - t0
+    tps = burst()
+    mem.stop.set()
+    mem.join()
+    print("%s: first completion after %.1f s, %.2f tokens/s, peak PSS %.2f GiB (RSS %.2f GiB)"
+          % (label, first, tps, mem.peak_pss / 2**20, mem.peak_rss / 2**20), file=sys.stderr)
+    return {"first": first, "tps": tps, "pss": mem.peak_pss / 2**20, "rss": mem.peak_rss / 2**20}
+
+
+def write_section(text):
+    path = ROOT / "docs" / "benchmarks.md"
+    doc = path.read_text()
+    start = doc.find("\n## Serve\n")
+    if start < 0:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    else:
+        nxt = doc.find("\n## ", start + 1)
+        doc = doc[:start + 1] + text + (doc[nxt:] if nxt >= 0 else "")
+    path.write_text(doc)
+
+
+def main():
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    run([LABCTL, "up", "2"])
+    playbook("teardown.yml")
+    t0 = time.monotonic()
+    playbook("deploy.yml", "-e", "serve_burst_requests=0")
+    warm = time.monotonic() - t0
+    cmds = rendered_commands()
+    playbook("teardown.yml")
+    hand = measure("hand", lambda: hand_launch(cmds))
+    playbook("teardown.yml")
+    coll = measure("collection", lambda: playbook("deploy.yml", "-e", "serve_burst_requests=0"))
+    playbook("teardown.yml")
+    run([LABCTL, "down"])
+
+    ratio_a = coll["first"] / hand["first"]
+    ratio_b = coll["tps"] / hand["tps"]
+    peak = max(coll["pss"], hand["pss"])
+
+    def verdict(ok):
+        return "met" if ok else "**missed**"
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M UTC")
+    lines = [
+        "## Serve",
+        "",
+        "Command (root, from the repo root; leaves the lab down): `make bench` (= `tests/bench/bench_serve.sh`).",
+        "",
+        "One run, back to back on the 2-node lab (backend ray, TP=2 across spark1 and spark2, the tiny model, "
+        "bf16, max model len 512): a warm-up deploy through the collection (untimed; fills each node's compile "
+        "cache and renders the commands), then HAND: a plain script over ssh runs the rendered `ray start` "
+        "(head, then worker; without `--block`) and `vllm serve` with the same env file and arguments, "
+        "then COLLECTION: `ansible-playbook playbooks/deploy.yml -e serve_burst_requests=0` (fabric preflight, "
+        "Ray, verify, serve, readiness). Teardown between runs.",
+        "",
+        "- (a) deploy-to-first-completion: wall time from the first command to the first completion that "
+        "returns text (hand: polling every 2 s; collection: the playbook's exit, right after its readiness "
+        "completion).",
+        "- (b) tokens/s: %d sequential requests of 64 tokens (`ignore_eos`, temperature 0) from the control node "
+        "to the API on 198.19.1.10:8000, total generated tokens / wall time; same client for both." % BURST,
+        "- (c) peak memory: the largest sum of PSS (RSS in brackets) over every process in the spark1 and spark2 "
+        "network namespaces, sampled each second from the first command to the end of the burst.",
+        "",
+        "Measured %s (%d cores, load average before %s; other engineers' jobs may share the CPU); warm-up "
+        "deploy %.0f s:" % (stamp, os.cpu_count() or 0, " ".join(load), warm),
+        "",
+        "| figure | collection | hand-launched | ratio | target |",
+        "|---|---|---|---|---|",
+        "| (a) deploy to first completion | %.1f s | %.1f s | %.2f | <= 1.25: %s |"
+        % (coll["first"], hand["first"], ratio_a, verdict(ratio_a <= 1.25)),
+        "| (b) tokens/s | %.2f | %.2f | %.2f | >= 0.95: %s |" % (coll["tps"], hand["tps"], ratio_b,
+                                                               verdict(ratio_b >= 0.95)),
+        "| (c) peak memory, whole 2-node lab | %.2f GiB (RSS %.2f) | %.2f GiB (RSS %.2f) | | < 12 GiB: %s |"
+        % (coll["pss"], coll["rss"], hand["pss"], hand["rss"], verdict(peak < 12)),
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if os.environ.get("BENCH_WRITE", "1") == "1":
+        write_section(text)
+
+
+if __name__ == "__main__":
+    main()
