@@ -1,0 +1,61 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""vllm_ready's node side (which processes are vllm serve) and the serve filters."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.multinode.vllm.plugins.filter.vllm_failure_report import vllm_failure_report
+from ansible_collections.multinode.vllm.plugins.filter.vllm_rendezvous_errors import vllm_rendezvous_errors
+from ansible_collections.multinode.vllm.plugins.filter.vllm_serve_args import vllm_serve_args
+from ansible_collections.multinode.vllm.plugins.modules.vllm_ready import is_serve, tail
+
+V = "/var/lib/multinode-vllm-lab/cache/node-venv/bin"
+
+
+@pytest.mark.parametrize(
+    "cmdline, serve",
+    [
+        ((V + "/vllm", "serve", "/m", "--port", "8000"), True),
+        (("/usr/bin/python3", V + "/vllm", "serve", "/m"), True),
+        (("vllm", "serve", "/m"), True),
+        ((V + "/python", "/var/lib/multinode-vllm/bin/multinode-env-exec", "/etc/node.env", "/usr/bin/env", "A=1",
+          V + "/vllm", "serve"), False),  # the launcher before its exec
+        ((V + "/vllm", "--version"), False),
+        ((V + "/ray", "start", "--head"), False),
+        ((), False),
+    ],
+)
+def test_is_serve(cmdline, serve):
+    assert is_serve(cmdline) is serve
+
+
+def test_tail_reads_the_last_lines_and_reports_a_missing_file(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text("".join("line %d\n" % i for i in range(100)))
+    assert tail(str(log), 3) == ["line 97", "line 98", "line 99"]
+    assert tail(str(tmp_path / "nope.log"), 3)[0].startswith("(cannot read ")
+
+
+def test_serve_args_filter_checks_sizes_and_names_unknown_settings():
+    settings = {"model": "/m", "tensor_parallel_size": 2, "api_host": "198.19.1.10"}
+    args = vllm_serve_args(settings, backend="ray", gpus_per_node={"spark1": 1, "spark2": 1})
+    assert args[:2] == ["serve", "/m"] and "--distributed-executor-backend" in args
+    with pytest.raises(AnsibleFilterError, match="but the 1 nodes have 1 GPUs"):
+        vllm_serve_args(settings, backend="ray", gpus_per_node={"spark1": 1})
+    with pytest.raises(AnsibleFilterError, match="unknown settings colour"):
+        vllm_serve_args(dict(settings, colour="red"), backend="ray", gpus_per_node={"a": 2})
+
+
+def test_failure_report_and_rendezvous_filters():
+    text = vllm_failure_report({"spark2:ray.log": ["RuntimeError: current platform cpu does not support ray."]},
+                               reason="vLLM was not ready after 600 s")
+    assert text.splitlines()[0] == "vLLM was not ready after 600 s"
+    assert "has no Ray support" in text.splitlines()[1]
+    ranks = {"spark1": {"rank": 0, "fabric_ip": "198.18.200.12", "connections": []},
+             "spark2": {"rank": 1, "fabric_ip": "198.18.200.13", "connections": []}}
+    errors = vllm_rendezvous_errors(ranks, head_fabric_ip="198.18.200.12", head_mgmt_ip="198.19.1.10")
+    assert [e.split(":")[0] for e in errors] == ["spark1 (rank 0)", "spark2 (rank 1)"]
