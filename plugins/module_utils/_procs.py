@@ -86,7 +86,7 @@ def read_environ(pid: int, proc_root: str = "/proc") -> dict[str, str]:
     env = {}
     for part in raw.split(b"\0"):
         if b"=" in part:
-            key, _, value = part.partition(b"=")
+            key, _sep, value = part.partition(b"=")
             env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
     return env
 

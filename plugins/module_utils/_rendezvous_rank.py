@@ -423,14 +423,14 @@ class Rank:
         n = cfg["world_size"]
         elements = max(1, size // 4)
         tensor = torch.full((elements,), float(cfg["rank"] + 1), dtype=torch.float32, device=device)
-        for _ in range(int(cfg.get("warmup", 1))):
+        for _warmup in range(int(cfg.get("warmup", 1))):
             dist.all_reduce(tensor)
         if device.type == "cuda":
             torch.cuda.synchronize()
         iterations = max(1, int(cfg.get("iterations", 5)))
         dist.barrier()
         t0 = time.perf_counter()
-        for _ in range(iterations):
+        for _iteration in range(iterations):
             dist.all_reduce(tensor)
         if device.type == "cuda":
             torch.cuda.synchronize()

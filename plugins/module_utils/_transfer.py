@@ -440,7 +440,7 @@ def pull_files(server_ip: str, port: int, token: str, local_ip: str, host: str, 
     start = time.monotonic()
     count = max(1, min(streams, len(queue)))
     with ThreadPoolExecutor(max_workers=count) as pool:
-        locals_ = [f.result() for f in [pool.submit(worker) for _ in range(count)]]
+        locals_ = [f.result() for f in [pool.submit(worker) for _worker in range(count)]]
     seconds = time.monotonic() - start
     total = sum(r["bytes"] for r in received)
     order = {str(e["path"]): i for i, e in enumerate(entries)}
@@ -513,4 +513,3 @@ def free_bytes(path: str) -> tuple[str, int]:
         probe = parent
     st = os.statvfs(probe)
     return probe, st.f_bavail * st.f_frsize
-

@@ -132,7 +132,7 @@ result:
   returned: always
   type: dict
   contains:
-    ok: {description: The rank joined, verified the sum and finished., type: bool}
+    ok: {description: "The rank joined, verified the sum and finished.", type: bool}
     phase: {description: "Last phase reached: interfaces, import, get_ip, init, verify, bandwidth, barrier, done.", type: str}
     error: {description: What failed., type: str}
     gloo: {description: "GLOO_SOCKET_IFNAME, the interfaces and addresses it selects, carries_fabric.", type: dict}
@@ -177,96 +177,28 @@ stderr_tail:
   type: str
 """
 
-import inspect
-import json
-import os
-import signal
-import subprocess
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.multinode.vllm.plugins.module_utils import _rendezvous_rank
-from ansible_collections.multinode.vllm.plugins.module_utils._env import NON_CARRY_OVER_FILE
 from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import (
     RendezvousError,
     parse_env_file,
     parse_non_carry_over,
-    parse_rank_output,
     rank_environment,
     rank_problems,
     returned_env,
 )
+from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous_run import (
+    default_non_carry_over_file,
+    run_rank,
+)
 
 MINIMAL_BASE = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
                 "LANG": "C.UTF-8"}
-# Time the module gives the rank after the deadline to print its last line and exit.
-GRACE = 3.0
 
 
 def _read(path: str) -> str:
     with open(path) as handle:
         return handle.read()
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def run_rank(params: dict, env: dict[str, str]) -> dict:
-    size = int(float(params["size_mib"]) * 1024 * 1024)
-    started = time.time()
-    config = {
-        "host": params["host"],
-        "rank": params["rank"],
-        "world_size": params["world_size"],
-        "head_ip": params["head_fabric_ip"],
-        "port": params["port"],
-        "fabric_ip": params["fabric_ip"],
-        "fabric_interface": params["fabric_interface"],
-        "backend": params["backend"],
-        "local_rank": params["local_rank"],
-        "deadline": started + params["timeout"],
-        "timeout": params["timeout"],
-        "size_bytes": size,
-        "iterations": params["iterations"],
-        "warmup": 1,
-        "check_get_ip": params["check_get_ip"],
-    }
-    script = inspect.getsource(_rendezvous_rank)
-    argv = list(params["interpreter"]) + ["-c", script, json.dumps(config)]
-    try:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-    except OSError as exc:
-        raise RendezvousError("%s: cannot start the runtime interpreter %s: %s" % (
-            params["host"], params["interpreter"], exc))
-    killed = False
-    try:
-        stdout, stderr = proc.communicate(timeout=params["timeout"] + GRACE)
-    except subprocess.TimeoutExpired:
-        killed = True
-        _kill_group(proc)
-        stdout, stderr = proc.communicate()
-    finally:
-        # The rank's own children (none expected) go with its session.
-        if proc.poll() is None:
-            _kill_group(proc)
-    result = parse_rank_output(stdout or "")
-    if result is not None and killed and not result.get("final"):
-        result["error"] = "killed at the %g s deadline in phase %s" % (params["timeout"], result.get("phase"))
-        result["error_phase"] = result.get("phase")
-    return {
-        "result": result,
-        "killed": killed,
-        "exit_code": proc.returncode,
-        "elapsed": round(time.time() - started, 3),
-        "stderr_tail": "\n".join((stderr or "").splitlines()[-30:]),
-    }
 
 
 def main() -> None:
@@ -311,8 +243,7 @@ def main() -> None:
     except (OSError, RendezvousError) as exc:
         module.fail_json(msg="%s: cannot read the node environment file %s: %s" % (host, p["env_file"], exc))
 
-    nco_path = p["non_carry_over_file"] or os.path.join(
-        env.get("VLLM_CONFIG_ROOT") or os.path.expanduser("~/.config/vllm"), NON_CARRY_OVER_FILE)
+    nco_path = p["non_carry_over_file"] or default_non_carry_over_file(env)
     try:
         non_carry_over = parse_non_carry_over(_read(nco_path), nco_path)
     except FileNotFoundError:

@@ -56,7 +56,7 @@ ansible_facts:
         config_hash: {description: C(MULTINODE_VLLM_CONFIG_HASH) the raylet was started with; null when not ours., type: str}
         supervisord_pid: {description: This node's supervisord; null when not running., type: int}
         managed: {description: The raylet descends from this node's supervisord., type: bool}
-        processes: {description: Every Ray process here (pid, name)., type: list, elements: dict}
+        processes: {description: "Every Ray process here (pid, name).", type: list, elements: dict}
         foreign_pids: {description: Ray processes not started by this node's supervisord., type: list, elements: int}
 """
 

@@ -138,6 +138,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_reader import READER
 from ansible_collections.multinode.vllm.plugins.module_utils._ray_state import (
     RayNode,
     alive_count,
@@ -147,52 +148,6 @@ from ansible_collections.multinode.vllm.plugins.module_utils._ray_state import (
 )
 
 TESTED_RAY = "2.60.0"
-
-# Runs under the node's Python (venv or container). Prints one JSON object.
-READER = r"""
-import json, sys
-try:
-    import ray
-    from ray._raylet import GcsClient
-except Exception as exc:
-    print(json.dumps({"error": "import", "detail": "%s: %s" % (type(exc).__name__, exc)}))
-    sys.exit(0)
-version = getattr(ray, "__version__", "unknown")
-import socket
-host, _, port = sys.argv[1].rpartition(":")
-try:
-    socket.create_connection((host, int(port)), timeout=float(sys.argv[2])).close()
-except (OSError, ValueError) as exc:
-    print(json.dumps({"error": "connect", "detail": "%s: %s" % (type(exc).__name__, exc), "ray_version": version}))
-    sys.exit(0)
-try:
-    alive_state = 0
-    try:
-        from ray.core.generated import gcs_pb2
-        alive_state = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("ALIVE")
-    except Exception:
-        pass
-    client = GcsClient(address=sys.argv[1])
-    try:
-        read = client.get_all_node_info
-    except AttributeError as exc:
-        print(json.dumps({"error": "api", "detail": str(exc), "ray_version": version}))
-        sys.exit(0)
-    info = read(timeout=float(sys.argv[2]))
-    nodes = []
-    for node_id, node in info.items():
-        nodes.append({
-            "node_id": node_id.hex() if hasattr(node_id, "hex") else str(node_id),
-            "node_manager_address": node.node_manager_address,
-            "alive": node.state == alive_state,
-            "resources": dict(node.resources_total),
-            "is_head": bool(getattr(node, "is_head_node", False)),
-        })
-except Exception as exc:
-    print(json.dumps({"error": "read", "detail": "%s: %s" % (type(exc).__name__, exc), "ray_version": version}))
-    sys.exit(0)
-print(json.dumps({"ray_version": version, "nodes": nodes}))
-"""
 
 
 class ReadError(Exception):
@@ -204,7 +159,7 @@ def read_nodes(python, address, timeout, environment):
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (environment or {}).items()})
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 15, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 15, env=env, check=False)
     except FileNotFoundError:
         raise ReadError("cannot run %s: not found; set python to the node venv's interpreter (or docker exec ...)"
                         % " ".join(python))

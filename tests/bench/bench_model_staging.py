@@ -34,7 +34,7 @@ HEAD_IP, WORKER_IP, PORT = "198.18.200.12", "198.18.200.13", 29520
 
 
 def labctl(*args: str, check: bool = True) -> str:
-    out = subprocess.run([LABCTL, *args], capture_output=True, text=True)
+    out = subprocess.run([LABCTL, *args], capture_output=True, text=True, check=False)
     if check and out.returncode:
         sys.exit("labctl %s: %s%s" % (" ".join(args), out.stdout, out.stderr))
     return out.stdout
@@ -76,12 +76,15 @@ def playbook(*extra: str) -> dict:
                PYTHONPATH=os.path.join(ROOT, ".cache", "collections"))
     out = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", os.path.join(ROOT, "inventories", "lab"),
                           os.path.join(ROOT, "playbooks", "model.yml"), "-e", "model_name=" + NAME, *extra],
-                         capture_output=True, text=True, env=env, cwd=ROOT)
+                         capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     data = json.loads(out.stdout[out.stdout.find("{"):])
     if out.returncode:
         sys.exit("playbook failed: %s" % json.dumps(data["stats"]))
     play = data["plays"][-1]
-    parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+
+    def parse(stamp):
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
     tasks = {t["task"]["name"].split(" : ", 1)[-1]: t for t in play["tasks"]}
 
     def seconds(task):

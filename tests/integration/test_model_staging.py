@@ -84,8 +84,11 @@ def role_seconds(data: dict) -> float:
     play = data["plays"][-1]
     assert play["play"]["name"].startswith("Stage the model")
     stamps = [(item["task"]["duration"]["start"], item["task"]["duration"]["end"]) for item in play["tasks"]]
-    parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
-    return (max(parse(e) for _, e in stamps) - min(parse(s) for s, _ in stamps)).total_seconds()
+
+    def parse(stamp):
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+    return (max(parse(end) for _start, end in stamps) - min(parse(start) for start, _end in stamps)).total_seconds()
 
 
 def served(data: dict) -> dict:

@@ -51,7 +51,7 @@ def fabric_ip(i):
 
 def labctl(*args, check=True, timeout=120):
     p = subprocess.run([str(LABCTL), *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, check=False)
     if check and p.returncode != 0:
         raise AssertionError(f"labctl {' '.join(map(str, args))} -> {p.returncode}\n"
                              f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
@@ -103,7 +103,7 @@ def ssh(i, command, known_hosts=None, timeout=30):
          "-o", "GlobalKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes",
          "-o", "ConnectTimeout=5", "-i", str(SSH_DIR / "id_ed25519"),
          f"root@{mgmt_ip(i)}", command],
-        capture_output=True, text=True, timeout=timeout)
+        capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def status():
@@ -115,7 +115,7 @@ def sshd_pids():
 
 
 def netns_list():
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
@@ -125,7 +125,7 @@ def lab_netns():
 
 def root_links():
     return [link["ifname"] for link in
-            json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout)]
+            json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True).stdout)]
 
 
 @pytest.fixture(scope="module")
@@ -178,19 +178,21 @@ def test_topology_addresses_and_mtu(lab):
         links = {x["ifname"]: x for x in json.loads(node_exec(node, "ip", "-j", "addr").stdout)}
         assert set(links) == {"lo", "eth0", "enp1s0f1np1"}
         assert {"UP"} <= set(links["lo"]["flags"])
-        addrs = lambda link: {(a["local"], a["prefixlen"]) for a in link["addr_info"]
-                              if a["family"] == "inet"}
+
+        def addrs(link):
+            return {(a["local"], a["prefixlen"]) for a in link["addr_info"] if a["family"] == "inet"}
+
         assert addrs(links["eth0"]) == {(mgmt_ip(i), 24)}
         assert addrs(links["enp1s0f1np1"]) == {(fabric_ip(i), 24)}
         assert links["enp1s0f1np1"]["mtu"] == 9000
         routes = json.loads(node_exec(node, "ip", "-j", "route", "show", "default").stdout)
         assert [r["gateway"] for r in routes] == [f"198.19.{i}.1"]
-    root = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True).stdout)
+    root = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=True).stdout)
     root_addrs = {a["local"]: x["ifname"] for x in root for a in x["addr_info"]}
     assert root_addrs["198.19.1.1"] == "mg-spark1" and root_addrs["198.19.2.1"] == "mg-spark2"
     assert not [a for a in root_addrs if a.startswith("198.18.")], "root ns must not be on the fabric"
     fab = json.loads(subprocess.run(["ip", "-n", "fabric", "-j", "link"], capture_output=True,
-                                    text=True).stdout)
+                                    text=True, check=True).stdout)
     fab = {x["ifname"]: x for x in fab}
     assert fab["br0"]["mtu"] == 9000
     for i in (1, 2):
@@ -209,7 +211,7 @@ def test_fabric_reachable_management_isolated(lab):
     assert connect("spark1", mgmt_ip(2), 22, timeout=2) == "timeout"
     # The control node is not on the fabric, and no lab address leaves through the uplink.
     out = subprocess.run(["python3", "-c", CONNECT, fabric_ip(1), "22", "1"],
-                         capture_output=True, text=True).stdout.strip()
+                         capture_output=True, text=True, check=True).stdout.strip()
     assert out not in ("accepted", "refused"), out
 
 
@@ -349,7 +351,7 @@ def test_ansible_ping(lab):
     if not ansible:
         pytest.skip("ansible not installed (make setup)")
     p = subprocess.run([ansible, "-i", str(STATIC_INVENTORY), "all", "-m", "ansible.builtin.ping",
-                        "-o"], capture_output=True, text=True, cwd=REPO, timeout=120)
+                        "-o"], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("SUCCESS") == 2
 
@@ -357,8 +359,10 @@ def test_ansible_ping(lab):
 def test_static_inventory_matches_generator(tmp_path):
     out = tmp_path / "inv"
     labctl("inventory", "--write", out, "--nodes", 2)
-    files = lambda root: {str(p.relative_to(root)): p.read_text()
-                          for p in sorted(root.rglob("*")) if p.is_file()}
+
+    def files(root):
+        return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
     assert files(out) == files(STATIC_INVENTORY)
 
 
@@ -401,7 +405,7 @@ def assert_nothing_left():
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(RUN) not in mounts
     assert not RUN.exists()
-    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
     assert "198.18." not in routes and "198.19." not in routes
 
 
@@ -432,5 +436,5 @@ def test_not_root_is_refused():
     if not setpriv:
         pytest.skip("setpriv missing")
     p = subprocess.run([setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                        str(LABCTL), "up"], capture_output=True, text=True)
+                        str(LABCTL), "up"], capture_output=True, text=True, check=False)
     assert p.returncode != 0 and "must run as root" in p.stderr

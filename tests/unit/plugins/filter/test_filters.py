@@ -236,8 +236,8 @@ def test_fabric_peers_without_facts(hostvars):
 
 
 def test_ray_start_args_worker():
-    assert ray_start_args("198.18.200.13", "worker", "198.18.200.12", ports={"node_manager_port": 6380,
-                                                                            "dashboard_port": 8265}) == [
+    assert ray_start_args("198.18.200.13", "worker", "198.18.200.12",
+                          ports={"node_manager_port": 6380, "dashboard_port": 8265}) == [
         "start", "--address", "198.18.200.12:6379", "--node-ip-address", "198.18.200.13",
         "--node-manager-port", "6380", "--block"]
 

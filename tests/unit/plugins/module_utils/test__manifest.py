@@ -67,11 +67,11 @@ COMPARE_CASES = [
      dict(missing=["model-00001.safetensors"], size_mismatch=[], hash_mismatch=[], extra=[],
           needed=["model-00001.safetensors"], bytes_needed=len(A))),
     ("size-mismatch", node(**{"sub__model-00002.safetensors": {"path": "sub/model-00002.safetensors", "size": 3,
-                                                                 "sha256": None}}),
+                                                               "sha256": None}}),
      dict(missing=[], size_mismatch=["sub/model-00002.safetensors"], hash_mismatch=[], extra=[],
           needed=["sub/model-00002.safetensors"], bytes_needed=len(B))),
     ("hash-mismatch", node(**{"model-00001.safetensors": {"path": "model-00001.safetensors", "size": len(A),
-                                                            "sha256": sha(b"corrupt")}}),
+                                                          "sha256": sha(b"corrupt")}}),
      dict(missing=[], size_mismatch=[], hash_mismatch=["model-00001.safetensors"], extra=[],
           needed=["model-00001.safetensors"], bytes_needed=len(A))),
     ("extra-file-on-node", node(**{"old.bin": {"path": "old.bin", "size": 1, "sha256": None}}),
@@ -175,7 +175,7 @@ STALENESS_CASES = [
                          ids=[c[0] for c in STALENESS_CASES])
 def test_stale_cache_entry_detection(tmp_path, mutate, rehashed, hash_changes):
     root = write_model(tmp_path / "m")
-    first, cache, _ = build_manifest(str(root))
+    first, cache, _counts = build_manifest(str(root))
     if mutate:
         mutate(root / "model-00001.safetensors")
     hashed = []
@@ -185,7 +185,7 @@ def test_stale_cache_entry_detection(tmp_path, mutate, rehashed, hash_changes):
         with open(path, "rb") as handle:
             return sha(handle.read())
 
-    second, _, counts = build_manifest(str(root), cache, hasher=hasher)
+    second, _cache, counts = build_manifest(str(root), cache, hasher=hasher)
     assert hashed == (["model-00001.safetensors"] if rehashed else [])
     assert counts["cached"] == 3 - len(hashed)
     changed = [a["path"] for a, b in zip(first["files"], second["files"]) if a["sha256"] != b["sha256"]]
@@ -260,7 +260,7 @@ def test_hf_cache_symlinks_resolve_to_real_blobs(tmp_path):
 
 
 def test_hf_cache_dangling_link_is_refused_by_name(tmp_path):
-    snapshot, _ = hf_layout(tmp_path, dangling=True)
+    snapshot, _blobs = hf_layout(tmp_path, dangling=True)
     with pytest.raises(ManifestError, match=r"1 broken link\(s\).*tokenizer.json -> \.\./\.\./blobs/f{64}"):
         walk_model(str(snapshot))
     with pytest.raises(Exception, match="tokenizer.json"):
@@ -270,7 +270,7 @@ def test_hf_cache_dangling_link_is_refused_by_name(tmp_path):
 
 @pytest.mark.parametrize("link", [True, False], ids=["hard-link", "copy"])
 def test_hf_snapshot_materialises_as_real_files(tmp_path, link):
-    snapshot, _ = hf_layout(tmp_path)
+    snapshot, _blobs = hf_layout(tmp_path)
     dest = tmp_path / "model"
     assert copy_tree(str(snapshot), str(dest), link=link) == [
         "config.json", "model-00001.safetensors", "sub/model-00002.safetensors"]

@@ -237,7 +237,7 @@ def _probe(port, peer_host="spark1", mtu=1500, timeout=1.0, mgmt_ip=None, mgmt_p
 
 
 def test_live_listener(listener):
-    port, _ = listener("spark1")
+    port, _thread = listener("spark1")
     closed = _free_port()
     result = _probe(port, mgmt_ip=LO, mgmt_port=closed)
     assert result["host"] == "spark1" and result["fabric_ip"] == LO
@@ -252,7 +252,7 @@ def test_live_listener(listener):
 
 
 def test_mgmt_address_unknown(listener):
-    port, _ = listener("spark1")
+    port, _thread = listener("spark1")
     assert _probe(port)["mgmt"] == {"address": None, "reachable": None, "detail": "peer management address unknown"}
 
 
@@ -267,7 +267,7 @@ def test_closed_port_is_connection_refused():
 
 def test_another_host_answers(listener):
     """A second node carrying the same fabric address answers in the peer's place."""
-    port, _ = listener("spark3")
+    port, _thread = listener("spark3")
     result = _probe(port, peer_host="spark1")
     assert result["tcp"]["answered_by"] == "spark3"
     assert pair_problems("spark2", result) == [
@@ -281,14 +281,14 @@ def test_another_host_answers(listener):
          "route leaves through enP7s7 via 192.168.1.1, not the fabric interface lo"),
         (lambda ip: {"dst": ip, "dev": "lo", "prefsrc": "127.0.0.2"},
          "route source is 127.0.0.2, not the fabric address 127.0.0.1"),
-        (lambda ip: (_ for _ in ()).throw(subprocess.CalledProcessError(2, ["ip", "-j", "route", "get", ip])),
+        (lambda ip: (_never for _never in ()).throw(subprocess.CalledProcessError(2, ["ip", "-j", "route", "get", ip])),
          "ip route get 127.0.0.1 failed: Command '['ip', '-j', 'route', 'get', '127.0.0.1']' returned non-zero "
          "exit status 2."),
     ],
     ids=["off-fabric", "wrong-source", "ip-failed"],
 )
 def test_route_problem_is_reported_with_tcp_still_checked(listener, get_route, expected):
-    port, _ = listener("spark1")
+    port, _thread = listener("spark1")
     result = _probe(port, get_route=get_route)
     assert (result["route"]["ok"], result["route"]["error"]) == (False, expected)
     assert result["tcp"]["ok"] is True
@@ -297,7 +297,7 @@ def test_route_problem_is_reported_with_tcp_still_checked(listener, get_route, e
 
 def test_mtu_beyond_the_local_path(listener):
     """A packet larger than lo's MTU (65536) cannot leave with don't-fragment set."""
-    port, _ = listener("spark1")
+    port, _thread = listener("spark1")
     result = _probe(port, mtu=70000)
     assert result["tcp"]["ok"] is True
     assert result["mtu"]["ok"] is False
@@ -394,7 +394,7 @@ def test_done_is_said_after_the_mtu_check():
 
 
 def test_probe_peers_in_parallel_keeps_order(listener):
-    port, _ = listener("spark1")
+    port, _thread = listener("spark1")
     closed = _free_port()
     results = probe_peers(
         "spark2", "lo", LO,
@@ -439,7 +439,7 @@ def test_serve_ignores_foreign_traffic(listener):
 
 
 def test_serve_ends_at_its_lifetime(listener):
-    _, thread = listener("spark1", expected=["spark2"], lifetime=0.3)
+    _port, thread = listener("spark1", expected=["spark2"], lifetime=0.3)
     thread.join(2.0)
     assert not thread.is_alive()
 
@@ -501,7 +501,7 @@ def test_bind_control_replaces_a_running_listener(listener):
     The old listener frees the name only at its next select tick, after it has
     answered QUIT; a single short wait lost that race about half the time.
     """
-    for _ in range(2):
+    for _attempt in range(2):
         port, thread = listener("spark1", expected=["spark2"], lifetime=30.0, control=True)
         control = bind_control(port, wait=2.0)
         try:

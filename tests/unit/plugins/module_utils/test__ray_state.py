@@ -174,17 +174,17 @@ INCIDENT_MSG = (
     ],
 )
 def test_evaluate(nodes, env, gpus, expected):
-    _, errors = evaluate(nodes, INVENTORY, CIDR, gpus, env)
+    _rows, errors = evaluate(nodes, INVENTORY, CIDR, gpus, env)
     assert errors == expected
 
 
 def test_incident_message_is_exactly_the_issue_example():
-    _, errors = evaluate([node("198.19.1.10", head=True), node("198.18.200.13")], INVENTORY, CIDR, 0, {})
+    _rows, errors = evaluate([node("198.19.1.10", head=True), node("198.18.200.13")], INVENTORY, CIDR, 0, {})
     assert errors == [INCIDENT_MSG]
 
 
 def test_rows_map_nodes_to_hosts_and_list_hosts_ray_does_not_know():
-    rows, _ = evaluate([node("198.19.1.10", head=True)], INVENTORY, CIDR, 0, {})
+    rows, _errors = evaluate([node("198.19.1.10", head=True)], INVENTORY, CIDR, 0, {})
     assert [(r["host"], r["mgmt_ip"], r["ray_address"], r["alive"], r["gpus"]) for r in rows] == [
         ("spark1", "198.19.1.10", "198.19.1.10", True, 1.0),
         ("spark2", "198.19.2.10", None, False, 0),
@@ -192,7 +192,7 @@ def test_rows_map_nodes_to_hosts_and_list_hosts_ray_does_not_know():
 
 
 def test_format_table():
-    rows, _ = evaluate(HEALTHY, INVENTORY, CIDR, 2, GOOD_ENV)
+    rows, _errors = evaluate(HEALTHY, INVENTORY, CIDR, 2, GOOD_ENV)
     lines = format_table(rows)
     assert lines[0].split() == ["HOST", "MGMT", "RAY", "ADDRESS", "ALIVE", "GPUS", "HEAD"]
     assert lines[1].split() == ["spark1", "198.19.1.10", "198.18.200.12", "yes", "1", "head"]

@@ -155,7 +155,7 @@ def test_systemd_analyze_verify(tmp_path):
     (tmp_path / "node.env").write_text(env_file(ENV))
     unit = tmp_path / "multinode-ray.service"
     unit.write_text(out["systemd_unit"])
-    proc = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    proc = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -53,7 +53,7 @@ def test_spark_interfaces(spark1, sysfs_tree):
 
 
 def test_spark_rdma(spark1, sysfs_tree):
-    files, _ = spark1
+    files, _runner = spark1
     ports = _by_name(read_rdma(sysfs_tree(files)), key="hca")
     assert sorted(ports) == ["roceP2p1s0f0", "roceP2p1s0f1", "rocep1s0f0", "rocep1s0f1"]
     fabric = ports["rocep1s0f1"]

@@ -65,7 +65,7 @@ def pull(port, dest, entries, token=TOKEN, **kwargs):
 @pytest.mark.parametrize("streams", [1, 3])
 def test_pull_everything_then_stop_reports_the_peer(model, sender, tmp_path, streams):
     root, entries = model
-    port, state, _ = sender
+    port, state, _server = sender
     result = pull(port, tmp_path / "w", entries, streams=streams)
     assert [r["path"] for r in result["received"]] == [e["path"] for e in entries]
     assert result["local_address"] == LO and result["server"] == "%s:%d" % (LO, port)
@@ -79,7 +79,7 @@ def test_pull_everything_then_stop_reports_the_peer(model, sender, tmp_path, str
 
 def test_resume_from_partial(model, sender, tmp_path):
     root, entries = model
-    port, _, _ = sender
+    port, _state, _server = sender
     big = [e for e in entries if e["path"] == "a.safetensors"]
     dest = tmp_path / "w"
     dest.mkdir()
@@ -93,7 +93,7 @@ def test_resume_from_partial(model, sender, tmp_path):
 
 def test_corrupt_partial_is_detected_and_fetched_again_from_zero(model, sender, tmp_path):
     root, entries = model
-    port, _, _ = sender
+    port, _state, _server = sender
     big = [e for e in entries if e["path"] == "a.safetensors"]
     dest = tmp_path / "w"
     dest.mkdir()
@@ -104,8 +104,8 @@ def test_corrupt_partial_is_detected_and_fetched_again_from_zero(model, sender, 
 
 
 def test_wrong_content_never_replaces_the_file(model, sender, tmp_path):
-    _, entries = model
-    port, _, _ = sender
+    _root, entries = model
+    port, _state, _server = sender
     wrong = [dict(entries[0], sha256="0" * 64)]
     with pytest.raises(TransferError, match="arrived with sha256 .* expected 0{64}"):
         pull(port, tmp_path / "w", wrong)
@@ -113,8 +113,8 @@ def test_wrong_content_never_replaces_the_file(model, sender, tmp_path):
 
 
 def test_wrong_token_is_refused_and_recorded(model, sender, tmp_path):
-    _, entries = model
-    port, _, server = sender
+    _root, entries = model
+    port, _state, server = sender
     with pytest.raises(TransferError, match="refused the connection: denied"):
         pull(port, tmp_path / "w", entries, token="guess")
     assert server.summary()["denied"] == [LO] and server.summary()["served"] == []
@@ -151,7 +151,7 @@ def test_only_listed_files_are_served(model, tmp_path):
 
 
 def test_sender_refuses_files_it_does_not_have(model):
-    root, _ = model
+    root, _entries = model
     with pytest.raises(TransferError, match="cannot serve files missing from .*: nope.bin"):
         Sender(str(root), ["nope.bin"], TOKEN, {}, lifetime=1)
 

@@ -1,0 +1,57 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The reader of Ray's node table that ray_verify runs under the node's Python.
+
+``READER`` is source text, not code of this module: ray_verify runs it as
+``<python> -c READER <gcs address> <timeout>`` with the node venv's interpreter
+(or ``docker exec <container> python``), where Ray is importable.
+"""
+
+from __future__ import annotations
+
+# Runs under the node's Python (venv or container). Prints one JSON object.
+READER = r"""
+import json, sys
+try:
+    import ray
+    from ray._raylet import GcsClient
+except Exception as exc:
+    print(json.dumps({"error": "import", "detail": "%s: %s" % (type(exc).__name__, exc)}))
+    sys.exit(0)
+version = getattr(ray, "__version__", "unknown")
+import socket
+host, _, port = sys.argv[1].rpartition(":")
+try:
+    socket.create_connection((host, int(port)), timeout=float(sys.argv[2])).close()
+except (OSError, ValueError) as exc:
+    print(json.dumps({"error": "connect", "detail": "%s: %s" % (type(exc).__name__, exc), "ray_version": version}))
+    sys.exit(0)
+try:
+    alive_state = 0
+    try:
+        from ray.core.generated import gcs_pb2
+        alive_state = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("ALIVE")
+    except Exception:
+        pass
+    client = GcsClient(address=sys.argv[1])
+    try:
+        read = client.get_all_node_info
+    except AttributeError as exc:
+        print(json.dumps({"error": "api", "detail": str(exc), "ray_version": version}))
+        sys.exit(0)
+    info = read(timeout=float(sys.argv[2]))
+    nodes = []
+    for node_id, node in info.items():
+        nodes.append({
+            "node_id": node_id.hex() if hasattr(node_id, "hex") else str(node_id),
+            "node_manager_address": node.node_manager_address,
+            "alive": node.state == alive_state,
+            "resources": dict(node.resources_total),
+            "is_head": bool(getattr(node, "is_head_node", False)),
+        })
+except Exception as exc:
+    print(json.dumps({"error": "read", "detail": "%s: %s" % (type(exc).__name__, exc), "ray_version": version}))
+    sys.exit(0)
+print(json.dumps({"ray_version": version, "nodes": nodes}))
+"""
