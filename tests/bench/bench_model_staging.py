@@ -1,8 +1,9 @@
-#!/usr/bin/env python3
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Model staging benchmark over the lab (root; docs/benchmarks.md, "Model staging").
+
+Root, from the repo root: ``.venv/bin/python tests/bench/bench_model_staging.py``.
 
 In one run, side by side on the same spark1 -> spark2 fabric link:
   1. raw TCP (tests/bench/tcp_throughput.py: plain socket sender on spark1's fabric address, receiver on

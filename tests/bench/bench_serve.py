@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -44,10 +43,10 @@ OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def run(cmd, check=True, **kw):
-    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=str(ROOT), **kw)
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=str(ROOT), check=False, **kw)
     if check and result.returncode != 0:
-        raise SystemExit("failed (%d): %s\n%s%s" % (result.returncode, " ".join(cmd), result.stdout[-3000:],
-                                                     result.stderr[-3000:]))
+        raise SystemExit("failed (%d): %s\n%s%s" % (
+            result.returncode, " ".join(cmd), result.stdout[-3000:], result.stderr[-3000:]))
     return result
 
 
@@ -71,7 +70,7 @@ def completion(max_tokens, ignore_eos=False, timeout=300):
 
 def burst():
     tokens, start = 0, time.monotonic()
-    for _ in range(BURST):
+    for _request in range(BURST):
         tokens += completion(64, ignore_eos=True)["usage"]["completion_tokens"]
     return tokens / (time.monotonic() - start)
 
@@ -87,7 +86,8 @@ class PeakMemory(threading.Thread):
     def sample(self):
         pss = rss = 0
         for ns in ("spark1", "spark2"):
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                                  check=False).stdout.split()
             for pid in pids:
                 try:
                     text = Path("/proc/%s/smaps_rollup" % pid).read_text()
@@ -213,8 +213,8 @@ def main():
         "|---|---|---|---|---|",
         "| (a) deploy to first completion | %.1f s | %.1f s | %.2f | <= 1.25: %s |"
         % (coll["first"], hand["first"], ratio_a, verdict(ratio_a <= 1.25)),
-        "| (b) tokens/s | %.2f | %.2f | %.2f | >= 0.95: %s |" % (coll["tps"], hand["tps"], ratio_b,
-                                                               verdict(ratio_b >= 0.95)),
+        "| (b) tokens/s | %.2f | %.2f | %.2f | >= 0.95: %s |"
+        % (coll["tps"], hand["tps"], ratio_b, verdict(ratio_b >= 0.95)),
         "| (c) peak memory, whole 2-node lab | %.2f GiB (RSS %.2f) | %.2f GiB (RSS %.2f) | | < 12 GiB: %s |"
         % (coll["pss"], coll["rss"], hand["pss"], hand["rss"], verdict(peak < 12)),
         "",

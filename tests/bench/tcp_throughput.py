@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Raw TCP throughput over one link: a plain socket receiver and sender (standard library only).
 
-  receiver:  tcp_throughput.py recv <bind ip> <port>            (prints one JSON line, then exits)
-  sender:    tcp_throughput.py send <dst ip> <port> <MiB> [--bind <src ip>] [--chunk-kib 1024]
+  receiver:  python3 tcp_throughput.py recv <bind ip> <port>            (prints one JSON line, then exits)
+  sender:    python3 tcp_throughput.py send <dst ip> <port> <MiB> [--bind <src ip>] [--chunk-kib 1024]
 
 The sender writes <MiB> MiB in chunks from one buffer; the receiver reads
 until EOF and reports bytes, seconds (first byte to EOF) and GB/s, Gbit/s.

@@ -23,10 +23,11 @@ pip_version=${pip_version:-24.2}
 cache=$HOME/.ansible/test/cache
 wheels=$root/.cache/pip-wheel
 mkdir -p "$cache" "$wheels"
-wheel=$(ls "$wheels"/pip-"$pip_version"-*.whl 2>/dev/null | head -n1 || true)
+wheel=$(find "$wheels" -maxdepth 1 -name "pip-$pip_version-*.whl" -print -quit)
 if [ -z "$wheel" ]; then
   "$bin/pip" download -q --no-deps --only-binary=:all: -d "$wheels" "pip==$pip_version"
-  wheel=$(ls "$wheels"/pip-"$pip_version"-*.whl | head -n1)
+  wheel=$(find "$wheels" -maxdepth 1 -name "pip-$pip_version-*.whl" -print -quit)
+  [ -n "$wheel" ] || { echo "run.sh: pip $pip_version wheel not found in $wheels after download" >&2; exit 1; }
 fi
 sed "s|@PIP_WHEEL@|$wheel|" "$root/tests/sanity/get_pip_offline.py" > "$cache/get_pip_${pip_version//./_}.py"
 # --venv: ansible-test installs its pinned sanity tools in its own venvs (PyPI is reachable);
