@@ -1,0 +1,67 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""node_files: writes only on difference, honours check mode, reports a diff."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+from ansible.module_utils import _internal as module_utils_internal
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.multinode.vllm.plugins.modules import node_files
+
+
+@pytest.fixture
+def run(monkeypatch, capsys):
+    monkeypatch.setattr(module_utils_internal, "is_controller", False)
+
+    def call(args):
+        with patch_module_args(args), pytest.raises(SystemExit) as caught:
+            node_files.main()
+        return caught.value.code, json.loads(capsys.readouterr().out)
+
+    return call
+
+
+def _args(tmp_path, content="A=1\n", mode="0600", **extra):
+    args = {
+        "directories": [{"path": str(tmp_path / "etc"), "mode": "0755"}],
+        "files": [{"path": str(tmp_path / "etc" / "node.env"), "content": content, "mode": mode}],
+    }
+    args.update(extra)
+    return args
+
+
+def test_writes_then_is_idempotent(run, tmp_path):
+    code, result = run(_args(tmp_path))
+    assert code == 0 and result["changed"] and len(result["changed_paths"]) == 2
+    path = tmp_path / "etc" / "node.env"
+    assert path.read_text() == "A=1\n" and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    code, result = run(_args(tmp_path))
+    assert code == 0 and not result["changed"] and result["changed_paths"] == []
+
+
+@pytest.mark.parametrize("change", [{"content": "A=2\n"}, {"mode": "0644"}])
+def test_a_change_is_written(run, tmp_path, change):
+    run(_args(tmp_path))
+    code, result = run(_args(tmp_path, **change))
+    assert code == 0 and result["changed_paths"] == [str(tmp_path / "etc" / "node.env")]
+
+
+def test_check_mode_writes_nothing_and_diffs(run, tmp_path):
+    run(_args(tmp_path))
+    code, result = run(dict(_args(tmp_path, content="A=2\n"), _ansible_check_mode=True, _ansible_diff=True))
+    assert code == 0 and result["changed"]
+    assert result["diff"] == [{"before_header": str(tmp_path / "etc" / "node.env"),
+                               "after_header": str(tmp_path / "etc" / "node.env"), "before": "A=1\n", "after": "A=2\n"}]
+    assert (tmp_path / "etc" / "node.env").read_text() == "A=1\n"
+
+
+def test_bad_mode_fails_naming_the_path(run, tmp_path):
+    code, result = run(_args(tmp_path, mode="rw"))
+    assert code == 1 and "node.env: mode must be octal" in result["msg"]
