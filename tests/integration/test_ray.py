@@ -21,6 +21,8 @@ import yaml
 from conftest import LAB_INVENTORY, labctl, require_root, run_playbook
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
+# These tests are about Ray: deploy.yml's serving stage (docs/serve.md) is switched off.
+NO_SERVE = ("-e", '{"serve_enabled": false}')
 RAY = str(VENV / "bin" / "ray")
 HEAD_FABRIC = "198.18.200.12"
 
@@ -117,7 +119,7 @@ def test_incident_is_caught_by_verify_within_15s(lab):
 
 
 def test_deploy_repairs_the_incident(lab):
-    result = run_playbook("playbooks/deploy.yml")
+    result = run_playbook("playbooks/deploy.yml", *NO_SERVE)
     assert result.rc == 0, result.output[-5000:]
     assert "spark1: a Ray that multinode.vllm did not start is running here" in result.output
     assert "registered as 198.19.1.10" in result.output and "without --node-ip-address" in result.output
@@ -131,7 +133,7 @@ def test_deploy_repairs_the_incident(lab):
 
 def test_second_deploy_changes_and_restarts_nothing(lab):
     before = {n: ray_pids(n)["raylet"] for n in ("spark1", "spark2")}
-    result = run_playbook("playbooks/deploy.yml")
+    result = run_playbook("playbooks/deploy.yml", *NO_SERVE)
     assert result.rc == 0, result.output[-3000:]
     counts = recap(result.output)
     assert counts["spark1"]["changed"] == 0 and counts["spark2"]["changed"] == 0, counts
@@ -140,7 +142,7 @@ def test_second_deploy_changes_and_restarts_nothing(lab):
 
 def test_check_mode_reports_a_change_and_changes_nothing(lab):
     before = {n: ray_pids(n)["raylet"] for n in ("spark1", "spark2")}
-    result = run_playbook("playbooks/deploy.yml", "--check", "-e", '{"ray_extra_args": ["--num-cpus", "1"]}')
+    result = run_playbook("playbooks/deploy.yml", *NO_SERVE, "--check", "-e", '{"ray_extra_args": ["--num-cpus", "1"]}')
     assert result.rc == 0, result.output[-3000:]
     assert "spark1: would start Ray as head: configuration changed" in result.output, result.output[-3000:]
     assert {n: ray_pids(n)["raylet"] for n in ("spark1", "spark2")} == before
@@ -187,7 +189,7 @@ def _bad_inventory(tmp_path: Path, case: str) -> Path:
 def test_bad_inventory_stops_before_any_change(lab, tmp_path, case, message):
     before = {n: ray_pids(n)["raylet"] for n in ("spark1", "spark2")}
     env_before = node_exec("spark2", "stat", "-c", "%Y", "/etc/multinode-vllm/node.env")
-    result = run_playbook("playbooks/deploy.yml", inventory=_bad_inventory(tmp_path, case))
+    result = run_playbook("playbooks/deploy.yml", *NO_SERVE, inventory=_bad_inventory(tmp_path, case))
     assert result.rc != 0, result.output[-3000:]
     assert message in result.output, result.output[-3000:]
     counts = recap(result.output)
@@ -200,7 +202,7 @@ def test_bad_inventory_stops_before_any_change(lab, tmp_path, case, message):
 def test_four_nodes_form_a_fabric_cluster(lab):
     out = labctl("up", "4")
     inventory = re.search(r"inventory: (\S+)", out).group(1)
-    result = run_playbook("playbooks/deploy.yml", inventory=inventory)
+    result = run_playbook("playbooks/deploy.yml", *NO_SERVE, inventory=inventory)
     assert result.rc == 0, result.output[-5000:]
     assert "4/4 nodes joined" in result.output
     for i in range(1, 5):
