@@ -24,6 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from ._detach import run_detached
+
 # Linux socket options for "do not fragment" on UDP (linux/in.h).
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
@@ -214,31 +216,7 @@ def spawn_listener(
     except ProbeError:
         control.close()
         raise
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the detached process
-        try:
-            os.setsid()
-            grandchild = os.fork()
-            if grandchild:
-                os.write(write_end, str(grandchild).encode())
-                os._exit(0)
-            os.close(read_end)
-            os.close(write_end)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            serve(tcp, udp, host, expected_peers, lifetime, control)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    tcp.close()
-    udp.close()
-    control.close()
-    os.waitpid(child, 0)
-    with os.fdopen(read_end, "rb") as handle:
-        pid_text = handle.read().decode()
-    return int(pid_text) if pid_text.isdigit() else 0
+    return run_detached(lambda: serve(tcp, udp, host, expected_peers, lifetime, control), (tcp, udp, control))
 
 
 # ---------------------------------------------------------------------------

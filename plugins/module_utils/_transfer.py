@@ -36,6 +36,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._detach import run_detached
 from ansible_collections.multinode.vllm.plugins.module_utils._manifest import (
     PARTIAL_SUFFIX,
     ManifestError,
@@ -227,8 +228,7 @@ def spawn_sender(ip: str, port: int, root: str, files: Sequence[str], token: str
                  lifetime: float, state_dir: str) -> int:
     """Bind now (errors surface here), then serve from a detached grandchild. Returns its pid.
 
-    The same double fork as ``_probe.spawn_listener``: the grandchild is re-parented to init, has its
-    own session and /dev/null as stdio, so Ansible's connection can close.
+    Detached as ``_probe.spawn_listener`` is (``_detach.run_detached``).
     """
     sender = Sender(root, files, token, peers, lifetime)
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -236,30 +236,7 @@ def spawn_sender(ip: str, port: int, root: str, files: Sequence[str], token: str
     if os.path.exists(summary_path):
         os.unlink(summary_path)
     tcp, control = bind_sender(ip, port)
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the detached process
-        try:
-            os.setsid()
-            grandchild = os.fork()
-            if grandchild:
-                os.write(write_end, str(grandchild).encode())
-                os._exit(0)
-            os.close(read_end)
-            os.close(write_end)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            sender.serve(tcp, control, summary_path)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    tcp.close()
-    control.close()
-    os.waitpid(child, 0)
-    with os.fdopen(read_end, "rb") as handle:
-        pid_text = handle.read().decode()
-    return int(pid_text) if pid_text.isdigit() else 0
+    return run_detached(lambda: sender.serve(tcp, control, summary_path), (tcp, control))
 
 
 def stop_sender(port: int, state_dir: Optional[str], wait: float = 30.0) -> tuple[bool, Optional[dict[str, Any]]]:
