@@ -13,6 +13,7 @@ hazard (``carry_over_problems``, over ``_env.carry_over_hazards``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Mapping, Optional, Sequence
 
@@ -338,3 +339,83 @@ def bandwidth_line(bandwidth: Optional[Mapping[str, Any]]) -> str:
     return "all-reduce of %.1f MiB float32 over %d ranks: %.1f ms per op, algbw %.3f GB/s, busbw %.3f GB/s" % (
         bandwidth["bytes"] / 1048576.0, bandwidth["ranks"], bandwidth["seconds_per_op"] * 1000,
         bandwidth["algbw_GBps"], bandwidth["busbw_GBps"])
+
+
+# ---------------------------------------------------------------------------
+# Reusing a proof (deploy re-runs): what a pass depended on, and whether it still holds
+# ---------------------------------------------------------------------------
+
+# The parameters a rank's outcome depends on. The deadline, sizes and iterations
+# only shape the measurement, so a pass under other values still proves the rendezvous.
+FINGERPRINT_PARAMS = ("rank", "world_size", "head_fabric_ip", "fabric_ip", "fabric_interface", "port", "interpreter",
+                      "base_env", "backend", "local_rank", "check_get_ip")
+
+# Asked of the runtime's interpreter: the versions the rank would import (cheap: no import of torch or vLLM).
+VERSIONS_SCRIPT = (
+    "import json, importlib.metadata as m\n"
+    "out = {}\n"
+    "for name in ('torch', 'vllm', 'ray'):\n"
+    "    try:\n"
+    "        out[name] = m.version(name)\n"
+    "    except Exception:\n"
+    "        out[name] = None\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def node_fingerprint(params: Mapping[str, Any], env_text: str, non_carry_over_text: Optional[str],
+                     versions: Mapping[str, Any]) -> str:
+    """sha256 over everything one node's rank outcome depends on, apart from the network itself.
+
+    The env file is hashed whole (the rank's environment is exactly its contents
+    over the base), with the runtime's torch/vLLM/Ray versions and the
+    addresses and interface; the fabric probe re-checks the network on every run.
+    """
+    material = {
+        "params": {k: params.get(k) for k in FINGERPRINT_PARAMS},
+        "env": hashlib.sha256(env_text.encode()).hexdigest(),
+        "non_carry_over": None if non_carry_over_text is None else hashlib.sha256(non_carry_over_text.encode()).hexdigest(),
+        "versions": dict(versions),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cluster_fingerprint(node_fingerprints: Mapping[str, str]) -> str:
+    """One value for the whole cluster: a pass proves the rendezvous of exactly these nodes with these inputs."""
+    return hashlib.sha256(json.dumps(sorted(node_fingerprints.items())).encode()).hexdigest()
+
+
+def parse_proof(text: Optional[str]) -> Optional[dict[str, Any]]:
+    """The proof file's content; None when absent or unreadable (a broken proof is no proof)."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("cluster_fingerprint"), str):
+        return None
+    return data
+
+
+def proof_reusable(proofs: Mapping[str, Optional[Mapping[str, Any]]], fingerprints: Mapping[str, str],
+                   max_age: float) -> tuple[bool, str]:
+    """Whether every node holds a proof of this very cluster fingerprint, younger than max_age seconds.
+
+    Returns (reusable, reason); the reason names the first host that forces a new run.
+    """
+    if not fingerprints:
+        return False, "no node to prove"
+    cluster = cluster_fingerprint(fingerprints)
+    for host in sorted(fingerprints):
+        proof = proofs.get(host)
+        if not proof:
+            return False, "%s holds no proof of a previous pass" % host
+        if proof.get("cluster_fingerprint") != cluster:
+            return False, ("%s: something the rendezvous depends on changed since the last pass (its env file, the "
+                           "runtime's torch/vLLM/Ray versions, an address, interface or port, or the set of nodes)"
+                           % host)
+        age = proof.get("age_s")
+        if age is None or float(age) > max_age:
+            return False, "%s: the last pass is older than %g s" % (host, max_age)
+    return True, "nothing the rendezvous depends on changed since the last pass on all %d nodes" % len(fingerprints)

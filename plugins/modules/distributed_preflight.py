@@ -110,6 +110,21 @@ options:
     description: Return the results without failing; the role fails once, with the cluster's messages.
     type: bool
     default: false
+  action:
+    description:
+      - V(run) runs the rank.
+      - V(fingerprint) runs no rank; it returns RV(fingerprint), a hash of everything this node's rank outcome
+        depends on (the env file, the non-carry-over list, the runtime's torch/vLLM/Ray versions, the addresses,
+        interface, port, interpreter and backend), and the proof a previous pass left in O(proof_file). The role
+        reuses a pass only when every node holds a proof of the same cluster fingerprint (O(action=fingerprint)
+        costs a Python start-up, not a torch import).
+    type: str
+    choices: [run, fingerprint]
+    default: run
+  proof_file:
+    description: Where the role records a pass on each node (read by O(action=fingerprint)).
+    type: path
+    default: /var/lib/multinode-vllm/preflight/distributed.json
 """
 
 EXAMPLES = r"""
@@ -175,13 +190,34 @@ stderr_tail:
   description: The last lines the rank wrote to stderr.
   returned: always
   type: str
+fingerprint:
+  description: This node's fingerprint (O(action=fingerprint)).
+  returned: when O(action=fingerprint)
+  type: str
+versions:
+  description: The runtime's torch, vLLM and Ray versions (null when not installed) (O(action=fingerprint)).
+  returned: when O(action=fingerprint)
+  type: dict
+proof:
+  description:
+    - The proof in O(proof_file) with its age in seconds (C(age_s), from the file's modification time); null
+      when there is none (O(action=fingerprint)).
+  returned: when O(action=fingerprint)
+  type: dict
 """
+
+import json
+import os
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import (
+    VERSIONS_SCRIPT,
     RendezvousError,
+    node_fingerprint,
     parse_env_file,
+    parse_proof,
     parse_non_carry_over,
     rank_environment,
     rank_problems,
@@ -199,6 +235,32 @@ MINIMAL_BASE = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin
 def _read(path: str) -> str:
     with open(path) as handle:
         return handle.read()
+
+
+def _runtime_versions(module: AnsibleModule, interpreter: list[str], env: dict[str, str]) -> dict:
+    rc, out, err = module.run_command(list(interpreter) + ["-c", VERSIONS_SCRIPT], environ_update=env)
+    if rc != 0:
+        module.fail_json(msg="%s: the runtime interpreter %s cannot start (rc %d): %s" % (
+            module.params["host"], " ".join(interpreter), rc, (err or out).strip()[-400:]))
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        module.fail_json(msg="%s: unexpected output from %s: %r" % (module.params["host"], interpreter, out[-400:]))
+        raise  # unreachable; fail_json exits
+
+
+def _fingerprint(module: AnsibleModule, env_text: str, nco_text, env: dict[str, str]) -> None:
+    p = module.params
+    versions = _runtime_versions(module, p["interpreter"], env)
+    proof = None
+    try:
+        proof = parse_proof(_read(p["proof_file"]))
+        if proof is not None:
+            proof["age_s"] = round(time.time() - os.stat(p["proof_file"]).st_mtime, 1)
+    except OSError:
+        proof = None
+    module.exit_json(changed=False, fingerprint=node_fingerprint(p, env_text, nco_text, versions),
+                     versions=versions, proof=proof)
 
 
 def main() -> None:
@@ -223,6 +285,8 @@ def main() -> None:
             check_get_ip=dict(type="bool", default=True),
             non_carry_over_file=dict(type="path"),
             report_only=dict(type="bool", default=False),
+            action=dict(type="str", choices=["run", "fingerprint"], default="run"),
+            proof_file=dict(type="path", default="/var/lib/multinode-vllm/preflight/distributed.json"),
         ),
         supports_check_mode=True,
     )
@@ -236,7 +300,8 @@ def main() -> None:
     if p["timeout"] <= 0:
         module.fail_json(msg="%s: timeout must be positive; got %s" % (host, p["timeout"]))
     try:
-        env = parse_env_file(_read(p["env_file"]), p["env_file"])
+        env_text = _read(p["env_file"])
+        env = parse_env_file(env_text, p["env_file"])
     except FileNotFoundError:
         module.fail_json(msg="%s: the node environment file %s does not exist; the runtime role renders it "
                              "(multinode.vllm.fabric_node_env) before the preflight runs" % (host, p["env_file"]))
@@ -244,8 +309,10 @@ def main() -> None:
         module.fail_json(msg="%s: cannot read the node environment file %s: %s" % (host, p["env_file"], exc))
 
     nco_path = p["non_carry_over_file"] or default_non_carry_over_file(env)
+    nco_text = None
     try:
-        non_carry_over = parse_non_carry_over(_read(nco_path), nco_path)
+        nco_text = _read(nco_path)
+        non_carry_over = parse_non_carry_over(nco_text, nco_path)
     except FileNotFoundError:
         non_carry_over = None
     except (OSError, RendezvousError) as exc:
@@ -253,6 +320,8 @@ def main() -> None:
 
     base = dict(MINIMAL_BASE)
     base.update({str(k): str(v) for k, v in p["base_env"].items()})
+    if p["action"] == "fingerprint":
+        _fingerprint(module, env_text, nco_text, rank_environment(env, base))
     try:
         run = run_rank(p, rank_environment(env, base))
     except RendezvousError as exc:

@@ -58,7 +58,7 @@ def hostvars(facts):
 @pytest.mark.parametrize(
     "name",
     ["fabric_cluster_errors", "fabric_node_env", "fabric_peers", "fabric_probe_report", "ray_start_args",
-     "vllm_non_carry_over"],
+     "vllm_non_carry_over", "distributed_preflight_reuse"],
 )
 def test_filter_plugin_exports_its_function(name):
     module = importlib.import_module("ansible_collections.multinode.vllm.plugins.filter." + name)
@@ -261,3 +261,21 @@ def test_ray_start_args_errors(kwargs, substring):
     with pytest.raises(AnsibleFilterError) as caught:
         ray_start_args("198.18.200.13", "worker", "198.18.200.12", **kwargs)
     assert substring in str(caught.value)
+
+
+def test_distributed_preflight_reuse_decides_from_every_host():
+    from ansible_collections.multinode.vllm.plugins.filter.distributed_preflight_reuse import (
+        distributed_preflight_reuse,
+    )
+    from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import cluster_fingerprint
+
+    fps = {"spark1": "1" * 64, "spark2": "2" * 64}
+    proof = {"cluster_fingerprint": cluster_fingerprint(fps), "age_s": 5.0}
+    hv = {h: {"__distributed_preflight_fingerprint": {"fingerprint": fp, "proof": proof}} for h, fp in fps.items()}
+    out = distributed_preflight_reuse(hv, ["spark1", "spark2"])
+    assert out == {"reusable": True, "cluster_fingerprint": cluster_fingerprint(fps),
+                   "reason": "nothing the rendezvous depends on changed since the last pass on all 2 nodes"}
+    hv["spark2"]["__distributed_preflight_fingerprint"]["proof"] = None
+    assert not distributed_preflight_reuse(hv, ["spark1", "spark2"])["reusable"]
+    with pytest.raises(AnsibleFilterError, match="spark3: no fingerprint registered"):
+        distributed_preflight_reuse(dict(hv, spark3={}), ["spark1", "spark2", "spark3"])

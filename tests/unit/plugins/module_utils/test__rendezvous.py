@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from ansible_collections.multinode.vllm.plugins.module_utils import _rendezvous as rv
 from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import (
     MARKER,
     RendezvousError,
@@ -356,3 +357,60 @@ def test_assemble_report_with_an_unreachable_host():
     assert report["ok"] is False
     assert "spark2: the preflight rank printed no result" in report["problems"][0]
     assert json.dumps(report)  # plain data for Ansible
+
+
+# --- reusing a proof -------------------------------------------------------------------------------------------
+
+FP_PARAMS = {"rank": 0, "world_size": 2, "head_fabric_ip": "198.18.200.12", "fabric_ip": "198.18.200.12",
+             "fabric_interface": "enp1s0f1np1", "port": 29600, "interpreter": ["/opt/venv/bin/python"],
+             "base_env": {}, "backend": "auto", "local_rank": 0, "check_get_ip": True, "timeout": 60,
+             "size_mib": 64, "iterations": 5}
+FP_ENV = "VLLM_HOST_IP=198.18.200.12\nGLOO_SOCKET_IFNAME=enp1s0f1np1\n"
+FP_VERSIONS = {"torch": "2.13.0", "vllm": "0.32.0", "ray": "2.60.0"}
+
+
+def test_node_fingerprint_changes_with_what_the_rank_depends_on():
+    base = rv.node_fingerprint(FP_PARAMS, FP_ENV, None, FP_VERSIONS)
+    assert base == rv.node_fingerprint(dict(FP_PARAMS), FP_ENV, None, dict(FP_VERSIONS))
+    changed = [
+        rv.node_fingerprint(FP_PARAMS, FP_ENV.replace("enp1s0f1np1", "eth0"), None, FP_VERSIONS),
+        rv.node_fingerprint(FP_PARAMS, FP_ENV, '["NCCL_IB_HCA"]', FP_VERSIONS),
+        rv.node_fingerprint(FP_PARAMS, FP_ENV, None, dict(FP_VERSIONS, vllm="0.33.0")),
+        rv.node_fingerprint(dict(FP_PARAMS, port=29601), FP_ENV, None, FP_VERSIONS),
+        rv.node_fingerprint(dict(FP_PARAMS, world_size=3), FP_ENV, None, FP_VERSIONS),
+        rv.node_fingerprint(dict(FP_PARAMS, interpreter=["/other/python"]), FP_ENV, None, FP_VERSIONS),
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)
+
+
+def test_node_fingerprint_ignores_the_measurement_settings():
+    base = rv.node_fingerprint(FP_PARAMS, FP_ENV, None, FP_VERSIONS)
+    assert rv.node_fingerprint(dict(FP_PARAMS, timeout=5, size_mib=1, iterations=1), FP_ENV, None, FP_VERSIONS) == base
+
+
+def test_proof_reusable_only_when_every_node_proves_this_cluster():
+    fps = {"spark1": "a" * 64, "spark2": "b" * 64}
+    cluster = rv.cluster_fingerprint(fps)
+    good = {"cluster_fingerprint": cluster, "age_s": 10.0}
+    assert rv.proof_reusable({"spark1": good, "spark2": good}, fps, 86400)[0]
+
+    ok, reason = rv.proof_reusable({"spark1": good, "spark2": None}, fps, 86400)
+    assert not ok and reason.startswith("spark2 holds no proof")
+
+    other = dict(good, cluster_fingerprint=rv.cluster_fingerprint({"spark1": "a" * 64, "spark2": "c" * 64}))
+    ok, reason = rv.proof_reusable({"spark1": good, "spark2": other}, fps, 86400)
+    assert not ok and reason.startswith("spark2: something the rendezvous depends on changed")
+
+    ok, reason = rv.proof_reusable({"spark1": good, "spark2": dict(good, age_s=90000.0)}, fps, 86400)
+    assert not ok and "older than 86400 s" in reason
+
+    # A third node joining changes the cluster fingerprint even when the first two are unchanged.
+    fps3 = dict(fps, spark3="d" * 64)
+    assert not rv.proof_reusable({"spark1": good, "spark2": good, "spark3": good}, fps3, 86400)[0]
+
+
+def test_parse_proof_rejects_broken_files():
+    assert rv.parse_proof(None) is None
+    assert rv.parse_proof("{not json") is None
+    assert rv.parse_proof('{"hosts": []}') is None
+    assert rv.parse_proof('{"cluster_fingerprint": "x"}') == {"cluster_fingerprint": "x"}
