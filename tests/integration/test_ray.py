@@ -138,6 +138,15 @@ def test_second_deploy_changes_and_restarts_nothing(lab):
     counts = recap(result.output)
     assert counts["spark1"]["changed"] == 0 and counts["spark2"]["changed"] == 0, counts
     assert {n: ray_pids(n)["raylet"] for n in ("spark1", "spark2")} == before
+    # Nothing the rendezvous depends on changed, so the last pass of the distributed preflight is reused...
+    assert "the last pass still holds" in result.output, result.output[-3000:]
+    # ...until one node lacks the proof: then the whole cluster proves it again (every rank must join).
+    labctl("exec", "spark2", "--", "rm", "/var/lib/multinode-vllm/preflight/distributed.json")
+    again = run_playbook("playbooks/deploy.yml", *NO_SERVE)
+    assert again.rc == 0, again.output[-3000:]
+    flat = " ".join(again.output.split())
+    assert "proving the rendezvous (spark2 holds no proof of a previous pass)" in flat, again.output[-3000:]
+    assert "distributed preflight passed: 2 ranks joined" in flat
 
 
 def test_check_mode_reports_a_change_and_changes_nothing(lab):
