@@ -80,9 +80,8 @@ def parse_net(text: str, proto: str) -> list[Socket]:
         if len(fields) < 10 or fields[3] != wanted:
             continue
         local, _sep, port = fields[1].partition(":")
-        remote_port = fields[2].rpartition(":")[2]
-        # An unconnected UDP socket that was never bound (port 0) is nobody's listener.
-        if int(port, 16) == 0 or (wanted == _UDP_UNCONNECTED and int(remote_port, 16) != 0):
+        # A connected UDP socket is ESTABLISHED (01); an unconnected one never bound has port 0.
+        if int(port, 16) == 0:
             continue
         found.append(Socket(proto=proto, address=decode_address(local), port=int(port, 16), inode=int(fields[9])))
     return found
@@ -160,7 +159,9 @@ def listeners(include_udp: bool = False, proc_root: str = "/proc") -> list[dict[
                 procs[pid] = read_process(pid, proc_root)
             proc = procs[pid]
             if proc is not None:
-                processes.append(dict(pid=pid, name=proc.name, cmdline=short_cmdline(proc.cmdline)))
+                # Patterns see the whole command line (Ray's run past any cut); audit() drops it from the result.
+                processes.append(dict(pid=pid, name=proc.name, cmdline=short_cmdline(proc.cmdline),
+                                      full_cmdline=" ".join(proc.cmdline)))
         found.append(dict(proto=sock.proto, address=sock.address, port=sock.port, inode=sock.inode,
                           processes=processes))
     found.sort(key=lambda item: (item["proto"], item["port"], item["address"]))
@@ -216,7 +217,8 @@ def _rule_matches(rule: Mapping[str, Any], addr: Any, port: int, names: Sequence
 
 
 def is_cluster_internal(processes: Sequence[Mapping[str, Any]], patterns: Sequence[re.Pattern]) -> bool:
-    return any(p.search(proc["name"]) or p.search(proc["cmdline"]) for proc in processes for p in patterns)
+    return any(p.search(proc["name"]) or p.search(proc.get("full_cmdline", proc["cmdline"]))
+               for proc in processes for p in patterns)
 
 
 def endpoint(address: str, port: int) -> str:
@@ -290,4 +292,6 @@ def audit(fabric_ip: str, allow: Sequence[Mapping[str, Any]] = (), scope: str = 
     seen = listeners(include_udp, proc_root)
     for item in seen:
         item.update(classify(item, fabric_ip, rules, compiled, scope, management_ip, host))
+        for proc in item["processes"]:
+            proc.pop("full_cmdline", None)
     return dict(listeners=seen, violations=[i["message"] for i in seen if i["verdict"] == "violation"])
