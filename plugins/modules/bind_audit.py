@@ -40,8 +40,8 @@ options:
     type: str
   allow:
     description:
-      - Listeners allowed on any address. A rule matches when all of its keys match.
-      - Setting this replaces the default, so keep C({port: 22}) in the list for SSH.
+      - Listeners allowed off the fabric and loopback. A rule matches when all of its keys match.
+      - 'Setting this replaces the default, so keep C({port: 22}) in the list for SSH.'
     type: list
     elements: dict
     default: [{port: 22}]
@@ -120,7 +120,7 @@ listeners:
       elements: dict
     verdict: {description: "V(allowed), V(violation), V(ignored) (not cluster-internal) or V(unattributed).", type: str}
     reason: {description: Why., type: str, sample: fabric address}
-    message: {description: For a violation, the message., type: str}
+    message: {description: "For a violation, the message.", type: str}
 violations:
   description: One message per violation.
   returned: always

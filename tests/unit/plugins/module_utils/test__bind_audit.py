@@ -33,6 +33,7 @@ PY = "/var/lib/multinode-vllm-lab/cache/node-venv/bin/python"
 # Recorded from /proc/self/net/* of a process listening on 127.0.0.1:47595, 0.0.0.0:39385, [::]:46159,
 # [::1]:48311, [::ffff:127.0.0.1]:40555, with an SSH client connection, TIME_WAITs, a bound UDP socket
 # (127.0.0.1:37929) and a connected one; the kernel prints each 32-bit word in host (little-endian) order.
+# Pointers zeroed; the tcp6 column padding squeezed to one space (the parser splits on whitespace).
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 00000000:99D9 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1109707 1 0000 100 0 0 10 0
@@ -41,10 +42,10 @@ TCP = """\
    3: 010113C6:9BFE 0A0113C6:0016 01 00000000:00000000 02:000AF4AC 00000000     0        0 1108155 2 0000 20 4 28 250 -1
 """
 TCP6 = """\
-  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000000000000000000000000000:B44F 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1109708 1 0000 100 0 0 10 0
-   1: 0000000000000000FFFF00000100007F:9E6B 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1109710 1 0000 100 0 0 10 0
-   2: 00000000000000000000000001000000:BCB7 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1109709 1 0000 100 0 0 10 0
+  sl local_address remote_address st tx_queue rx_queue tr tm->when retrnsmt uid timeout inode
+   0: 00000000000000000000000000000000:B44F 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 1109708 1 0000 100 0 0 10 0
+   1: 0000000000000000FFFF00000100007F:9E6B 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 1109710 1 0000 100 0 0 10 0
+   2: 00000000000000000000000001000000:BCB7 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 1109709 1 0000 100 0 0 10 0
 """
 UDP = """\
    sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
