@@ -80,6 +80,11 @@ options:
   role:
     description: Label value, for example V(head) (docker runtime).
     type: str
+  restart_on:
+    description:
+      - Values outside the env and the arguments whose change must restart the process, for example the sha256 of
+        a token file the process reads at start (never the secret itself). Part of the config hash.
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -105,12 +110,13 @@ from ansible_collections.multinode.vllm.plugins.module_utils._runtime import ren
 
 def node_runtime(env, runtime, name, program, args, env_file, python="", launcher="", log_dir="/var/log/multinode-vllm",
                  run_dir="/run/multinode-vllm", include_dir="/etc/multinode-vllm/supervisor.d",
-                 image="", model_dir=None, shm_size="16g", gpus="all", role=None):
+                 image="", model_dir=None, shm_size="16g", gpus="all", role=None, restart_on=None):
     try:
         return render(
             str(runtime), str(name), {str(k): str(v) for k, v in dict(env).items()}, str(program),
             [str(a) for a in args], str(env_file), python=str(python), launcher=str(launcher), log_dir=str(log_dir),
             run_dir=str(run_dir), include_dir=str(include_dir), image=str(image or ""), model_dir=model_dir, shm_size=str(shm_size), gpus=str(gpus), role=role,
+            restart_on=dict(restart_on) if restart_on else None,
         )
     except FabricError as exc:
         raise AnsibleFilterError(str(exc))

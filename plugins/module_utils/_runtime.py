@@ -24,6 +24,7 @@ Pure: no Ansible imports, no I/O.
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import json
 import re
 import shlex
@@ -252,8 +253,13 @@ def docker_container_params(
     }
     if infiniband:
         params["devices"] = ["/dev/infiniband:/dev/infiniband:rwm"]
+    # The env file's directory, read only: vLLM's non-carry-over list and Ray's token file live there, at the
+    # paths the env file names.
+    mounts = [{"type": "bind", "source": posixpath.dirname(env_file_path), "target": posixpath.dirname(env_file_path),
+               "read_only": True}]
     if model_dir:
-        params["mounts"] = [{"type": "bind", "source": model_dir, "target": model_dir, "read_only": True}]
+        mounts.append({"type": "bind", "source": model_dir, "target": model_dir, "read_only": True})
+    params["mounts"] = mounts
     return params
 
 
@@ -274,11 +280,18 @@ def render(
     shm_size: str = "16g",
     gpus: str = "all",
     role: Optional[str] = None,
+    restart_on: Optional[Mapping[str, Any]] = None,
 ) -> dict[str, Any]:
-    """Everything a role needs for one process under ``runtime``, with its config hash."""
+    """Everything a role needs for one process under ``runtime``, with its config hash.
+
+    ``restart_on`` holds values that are not in the env or the arguments but must restart the process when they
+    change, such as the digest of a secret file the process reads at start (never the secret itself).
+    """
     if runtime not in RUNTIMES:
         raise FabricError("runtime %r is not one of %s" % (runtime, ", ".join(RUNTIMES)))
     extra: dict[str, Any] = {"runtime": runtime, "program": program}
+    if restart_on:
+        extra["restart_on"] = {str(k): str(v) for k, v in restart_on.items()}
     if runtime == "docker":
         extra["image"] = image
     digest = config_hash(env, args, extra)

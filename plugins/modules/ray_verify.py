@@ -73,9 +73,15 @@ options:
     type: bool
     default: true
   environment:
-    description: Extra environment of the reader (for example Ray's token-auth variables).
+    description: Extra environment of the reader.
     type: dict
     default: {}
+  auth_token_file:
+    description:
+      - Ray's token file on this host. When it exists, the reader runs with C(RAY_AUTH_MODE=token) and
+        C(RAY_AUTH_TOKEN_PATH) set to it (a cluster with token authentication rejects a reader without the token);
+        when it does not (a cluster started by hand), the reader runs without token authentication.
+    type: path
 """
 
 EXAMPLES = r"""
@@ -193,8 +199,11 @@ def run(module):
     progress = []
     deadline = time.monotonic() + p["wait_timeout"]
     last = None
+    environment = dict(p["environment"])
+    if p["auth_token_file"] and os.path.isfile(p["auth_token_file"]):
+        environment.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=p["auth_token_file"])
     while True:
-        version, nodes = read_nodes(p["python"], p["address"], p["timeout"], p["environment"])
+        version, nodes = read_nodes(p["python"], p["address"], p["timeout"], environment)
         alive = alive_count(nodes)
         if p["wait_for_nodes"] and alive != last:
             progress.append("%d/%d nodes joined" % (min(alive, p["wait_for_nodes"]), p["wait_for_nodes"]))
@@ -256,6 +265,7 @@ def main() -> None:
             evaluate=dict(type="bool", default=True),
             fail_on_errors=dict(type="bool", default=True),
             environment=dict(type="dict", default={}),
+            auth_token_file=dict(type="path"),
         ),
         supports_check_mode=True,
     )

@@ -176,7 +176,11 @@ def test_docker_params():
     assert params["ulimits"] == ["memlock:-1:-1"]
     assert params["shm_size"] == "32g"
     assert params["restart_policy"] == "unless-stopped"
-    assert params["mounts"] == [{"type": "bind", "source": "/models", "target": "/models", "read_only": True}]
+    # The env file's directory (Ray's token, vLLM's non-carry-over list) and the model, both read only.
+    assert params["mounts"] == [
+        {"type": "bind", "source": "/etc/multinode-vllm", "target": "/etc/multinode-vllm", "read_only": True},
+        {"type": "bind", "source": "/models", "target": "/models", "read_only": True},
+    ]
     assert params["labels"][HASH_LABEL] == out["hash"] and params["labels"]["multinode.vllm.role"] == "worker"
     assert "VLLM_HOST_IP" not in params["env"]
 
@@ -209,3 +213,17 @@ def test_same_inputs_same_hash_across_runtimes_differ_by_runtime():
 def test_unknown_runtime():
     with pytest.raises(FabricError, match="runtime 'k8s'"):
         render("k8s", "ray", ENV, "ray", ARGS, "/e")
+
+
+def test_restart_on_changes_the_hash_and_never_carries_the_value():
+    def rendered(restart_on):
+        return render("systemd", "ray", ENV, VENV + "/bin/ray", HEAD_ARGS, "/etc/multinode-vllm/node.env",
+                      restart_on=restart_on)
+
+    plain = rendered(None)
+    one = rendered({"auth_token_sha256": "a" * 64})
+    assert one["hash"] != plain["hash"]
+    assert one["hash"] == rendered({"auth_token_sha256": "a" * 64})["hash"]
+    assert one["hash"] != rendered({"auth_token_sha256": "b" * 64})["hash"]
+    # Only the config hash reaches the unit; the digest itself does not.
+    assert "a" * 64 not in one["systemd_unit"]
