@@ -78,6 +78,7 @@ demo: setup system-deps lab-runtime ## Lab up, deploy + serve the tiny model (TP
 	@sed -n '/TASK \[Show the node table\]/,/^$$/p;/TASK \[Show one completion/,/^$$/p' .cache/demo.log \
 	  | grep -vE '^(TASK|ok:| +msg:|$$)'
 	@echo "Try it: curl -s http://198.19.1.10:8000/v1/completions -H 'Content-Type: application/json' \\"
+	@echo "  -H \"Authorization: Bearer \$$(cat ~/.config/multinode-vllm/spark1-vllm-api-key)\" \\"
 	@echo "  -d '{\"model\": \"tiny\", \"prompt\": \"Hello\", \"max_tokens\": 16}'     (make demo-down when done)"
 
 demo-down: ## Tear down what demo started (serve, Ray), then the lab

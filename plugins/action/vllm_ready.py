@@ -35,11 +35,13 @@ display = Display()
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def http(method: str, url: str, body=None, timeout: float = 10.0):
+def http(method: str, url: str, body=None, timeout: float = 10.0, api_key: str = ""):
     """(status, text); status None when the connection itself failed (text says why)."""
     data = json.dumps(body).encode("utf-8") if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
+    headers = {"Content-Type": "application/json"} if data else {}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with _OPENER.open(request, timeout=timeout) as response:
             return response.status, response.read().decode("utf-8", "replace")
@@ -54,7 +56,7 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset((
         "url", "served_model_name", "timeout", "interval", "progress_every", "prompt", "max_tokens",
-        "burst_requests", "burst_tokens", "logs", "lines", "connections", "expect_pid",
+        "burst_requests", "burst_tokens", "logs", "lines", "connections", "expect_pid", "api_key",
     ))
 
     def _node(self, task_vars, args):
@@ -79,6 +81,7 @@ class ActionModule(ActionBase):
         max_tokens = int(args.get("max_tokens", 16))
         burst_requests = int(args.get("burst_requests", 3))
         burst_tokens = int(args.get("burst_tokens", 64))
+        key = str(args.get("api_key") or "")
         result["changed"] = False
         if self._task.check_mode:
             result.update(skipped=True, msg="check mode: nothing was started, nothing to wait for")
@@ -119,7 +122,7 @@ class ActionModule(ActionBase):
                 else:
                     detail = "GET /health: %s" % (status if status is not None else text)
             if stage == "models":
-                status, text = http("GET", url + "/v1/models", timeout=10)
+                status, text = http("GET", url + "/v1/models", timeout=10, api_key=key)
                 listed = models_list(text) if status == 200 else []
                 if name in listed or (not name and listed):
                     name = name or listed[0]
@@ -128,7 +131,7 @@ class ActionModule(ActionBase):
                     detail = "GET /v1/models: %s lists %s" % (status, listed)
             if stage == "completion":
                 t0 = time.monotonic()
-                status, text = http("POST", url + "/v1/completions", timeout=120, body={
+                status, text = http("POST", url + "/v1/completions", timeout=120, api_key=key, body={
                     "model": name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
                 try:
                     if status != 200:
@@ -155,10 +158,18 @@ class ActionModule(ActionBase):
             time.sleep(interval)
 
         ready_seconds = round(time.monotonic() - start, 1)
+        if key:
+            # The key must be required, not merely accepted: a request without it is refused.
+            status, text = http("GET", url + "/v1/models", timeout=10)
+            if status != 401:
+                return self._fail(result, host, "the API on %s answered GET /v1/models without the API key with %s "
+                                  "(expected 401): it is not protected; check that VLLM_API_KEY reaches vllm serve"
+                                  % (url, status), "auth", node, time.monotonic() - start)
+            display.display("%s: GET /v1/models without the API key: 401 (refused, as it must be)" % host)
         tokens = 0
         t0 = time.monotonic()
         for _request in range(max(0, burst_requests)):
-            status, text = http("POST", url + "/v1/completions", timeout=300, body={
+            status, text = http("POST", url + "/v1/completions", timeout=300, api_key=key, body={
                 "model": name, "prompt": prompt, "max_tokens": burst_tokens, "temperature": 0, "ignore_eos": True})
             if status == 200:
                 try:

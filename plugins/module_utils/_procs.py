@@ -14,6 +14,7 @@ Reads /proc (``proc_root`` is a parameter for tests); no Ansible imports.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
@@ -146,6 +147,23 @@ def supervisord_pid(pidfile: str, procs: Mapping[int, Proc], netns: Optional[str
     return pid
 
 
+def auth_state(env: dict[str, str], proc_root: str, pid: int) -> dict[str, Any]:
+    """The raylet's token-auth mode and the sha256 of its token file now (never the token): verify compares nodes."""
+    out: dict[str, Any] = {}
+    if env.get("RAY_AUTH_MODE"):
+        out["RAY_AUTH_MODE"] = env["RAY_AUTH_MODE"]
+    path = env.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        out["RAY_AUTH_TOKEN_PATH"] = path
+        # Read through the raylet's own root, so a container's view is the one compared.
+        try:
+            with open(os.path.join(proc_root, str(pid), "root") + path, "rb") as handle:
+                out["auth_token_sha256"] = hashlib.sha256(handle.read().strip()).hexdigest()
+        except OSError:
+            out["auth_token_sha256"] = None
+    return out
+
+
 def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
     """What Ray runs in this network namespace, and whether our supervisord started it."""
     netns = own_netns(proc_root)
@@ -182,6 +200,7 @@ def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
         state["node_ip_address"] = flag_value(raylet.cmdline, "--node_ip_address")
         state["env"] = {k: env[k] for k in sorted(env) if k == "VLLM_HOST_IP" or k.endswith("_SOCKET_IFNAME")}
         state["config_hash"] = env.get(HASH_ENV)
+        state["env"].update(auth_state(env, proc_root, raylet.pid))
         state["managed"] = raylet.pid in managed_pids
         for pid in ancestors(raylet.pid, procs):
             parent = procs.get(pid)

@@ -59,6 +59,7 @@ def evaluate(
     fabric_cidr: Any,
     required_gpus: int = 0,
     raylet_env: Optional[Mapping[str, Optional[Mapping[str, Any]]]] = None,
+    head: Optional[str] = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Return (rows, errors). ``errors`` empty means the cluster is what the inventory says.
 
@@ -192,7 +193,37 @@ def evaluate(
                 % (" and ".join(hosts), value, FIX)
             )
 
+    errors.extend(auth_errors(raylet_env or {}, head))
     return rows(table, inventory, host_of), errors
+
+
+def auth_errors(raylet_env: Mapping[str, Optional[Mapping[str, Any]]], head: Optional[str]) -> list[str]:
+    """7. Token authentication: once the head's raylet requires a token, every raylet does, with the head's token.
+
+    Compares the sha256 of each node's token file (``auth_token_sha256``, never the token) with the head's.
+    """
+    head_env = raylet_env.get(head) if head else None
+    if not head_env or str(head_env.get("RAY_AUTH_MODE") or "").lower() != "token":
+        return []
+    errors = []
+    fix = ("run playbooks/deploy.yml: it writes the cluster's token (the head's %s) to every node"
+           % (head_env.get("RAY_AUTH_TOKEN_PATH") or "token file"))
+    head_digest = head_env.get("auth_token_sha256")
+    for host in sorted(raylet_env):
+        env = raylet_env.get(host)
+        if env is None or host == head:
+            continue
+        if str(env.get("RAY_AUTH_MODE") or "").lower() != "token":
+            errors.append("%s: the running raylet has no RAY_AUTH_MODE=token while the head %s requires a token; "
+                          "it cannot talk to the cluster; %s" % (host, head, fix))
+        elif env.get("auth_token_sha256") is None:
+            errors.append("%s: the raylet's token file %s is missing or unreadable; %s"
+                          % (host, env.get("RAY_AUTH_TOKEN_PATH"), fix))
+        elif env.get("auth_token_sha256") != head_digest:
+            errors.append("%s: its Ray token (%s) differs from the head's (%s): Ray there fails with "
+                          "InvalidAuthToken at its next start or request; %s"
+                          % (host, env.get("RAY_AUTH_TOKEN_PATH"), head, fix))
+    return errors
 
 
 def rows(table: Sequence[RayNode], inventory: Mapping[str, Mapping[str, Any]], host_of: Any) -> list[dict[str, Any]]:

@@ -76,6 +76,11 @@ options:
     description: Extra environment of the reader.
     type: dict
     default: {}
+  head:
+    description:
+      - The head's inventory name. When its raylet requires a token (C(RAY_AUTH_MODE=token)), every other raylet must
+        too, with a token file whose sha256 equals the head's (read from O(raylet_env); the token never leaves a node).
+    type: str
   auth_token_file:
     description:
       - Ray's token file on this host. When it exists, the reader runs with C(RAY_AUTH_MODE=token) and
@@ -236,7 +241,8 @@ def run(module):
     if p["evaluate"]:
         if not p["fabric_cidr"]:
             raise FabricError("fabric_cidr is required to evaluate the cluster")
-        table_rows, errors = evaluate(nodes, inventory, p["fabric_cidr"], p["required_gpus"], raylet_env)
+        table_rows, errors = evaluate(nodes, inventory, p["fabric_cidr"], p["required_gpus"], raylet_env,
+                                      head=p["head"])
         result["errors"].extend(errors)
     else:
         by_addr = {}
@@ -266,6 +272,7 @@ def main() -> None:
             fail_on_errors=dict(type="bool", default=True),
             environment=dict(type="dict", default={}),
             auth_token_file=dict(type="path"),
+            head=dict(type="str"),
         ),
         supports_check_mode=True,
     )

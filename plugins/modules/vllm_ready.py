@@ -25,6 +25,12 @@ extends_documentation_fragment:
   - multinode.vllm.attributes
   - multinode.vllm.attributes.READ_ONLY
 options:
+  api_key:
+    description:
+      - The API key (C(Authorization: Bearer)); used by the controller side only, never logged. When set, readiness
+        also checks that C(GET /v1/models) without the key is refused with 401.
+    type: str
+    default: ""
   url:
     description: Base URL of the API as the controller reaches it (action plugin); empty to only read the node.
     type: str
@@ -214,6 +220,7 @@ def main() -> None:
             lines=dict(type="int", default=40),
             connections=dict(type="bool", default=False),
             expect_pid=dict(type="int"),
+            api_key=dict(type="str", default="", no_log=True),
         ),
         supports_check_mode=True,
     )

@@ -58,12 +58,18 @@ def playbook(name, *args, check=True):
     return run(PLAYBOOK + [str(ROOT / "playbooks" / name)] + list(args), check=check)
 
 
+def api_key():
+    """The key the serve role generated on the controller (both runs use it: the hand run replays the command)."""
+    with open(os.path.expanduser("~/.config/multinode-vllm/spark1-vllm-api-key")) as handle:
+        return handle.read().strip()
+
+
 def completion(max_tokens, ignore_eos=False, timeout=300):
     body = {"model": MODEL, "prompt": "Hello, world", "max_tokens": max_tokens, "temperature": 0}
     if ignore_eos:
         body["ignore_eos"] = True
     req = urllib.request.Request(API + "/v1/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer " + api_key()})
     with OPENER.open(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 

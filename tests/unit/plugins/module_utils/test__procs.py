@@ -128,3 +128,19 @@ def test_is_ray_process(name, cmdline, expected):
 )
 def test_flag_value(cmdline, value):
     assert flag_value(cmdline, "--node-ip-address") == value
+
+
+def test_auth_state_digests_the_token_file_through_the_process_root(tmp_path):
+    from ansible_collections.multinode.vllm.plugins.module_utils._procs import auth_state
+
+    root = tmp_path / "proc" / "42" / "root" / "etc"
+    root.mkdir(parents=True)
+    (root / "token").write_text("secret-token\n")
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/etc/token"}
+    out = auth_state(env, str(tmp_path / "proc"), 42)
+    import hashlib
+    assert out == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/etc/token",
+                   "auth_token_sha256": hashlib.sha256(b"secret-token").hexdigest()}
+    assert "secret-token" not in repr(out)
+    assert auth_state(dict(env, RAY_AUTH_TOKEN_PATH="/etc/missing"), str(tmp_path / "proc"), 42)["auth_token_sha256"] is None
+    assert auth_state({}, str(tmp_path / "proc"), 42) == {}

@@ -204,3 +204,37 @@ def test_bad_cidr_raises():
 
     with pytest.raises(FabricError):
         evaluate(HEALTHY, INVENTORY, "not-a-cidr")
+
+
+def _auth(ip, mode="token", digest="a" * 64, path="/etc/multinode-vllm/ray-auth-token"):
+    env = {"VLLM_HOST_IP": ip, "RAY_AUTH_MODE": mode}
+    if path:
+        env.update(RAY_AUTH_TOKEN_PATH=path, auth_token_sha256=digest)
+    return env
+
+
+@pytest.mark.parametrize(
+    "spark2, expected",
+    [
+        (_auth("198.18.200.13"), None),
+        (_auth("198.18.200.13", digest="b" * 64),
+         "spark2: its Ray token (/etc/multinode-vllm/ray-auth-token) differs from the head's (spark1)"),
+        (_auth("198.18.200.13", digest=None), "spark2: the raylet's token file /etc/multinode-vllm/ray-auth-token is "
+                                              "missing or unreadable"),
+        (_auth("198.18.200.13", mode=None, path=None), "spark2: the running raylet has no RAY_AUTH_MODE=token while "
+                                                       "the head spark1 requires a token"),
+    ],
+)
+def test_token_auth_must_match_the_heads(spark2, expected):
+    env = {"spark1": _auth("198.18.200.12"), "spark2": spark2}
+    _rows, errors = evaluate(HEALTHY, INVENTORY, CIDR, 2, env, head="spark1")
+    if expected is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and errors[0].startswith(expected), errors
+        assert "run playbooks/deploy.yml" in errors[0]
+
+
+def test_token_auth_is_not_checked_when_the_head_has_none():
+    env = {"spark1": _auth("198.18.200.12", mode=None, path=None), "spark2": _auth("198.18.200.13", digest="b" * 64)}
+    assert evaluate(HEALTHY, INVENTORY, CIDR, 2, env, head="spark1")[1] == []
