@@ -45,11 +45,13 @@ from ansible_collections.multinode.vllm.plugins.module_utils._manifest import (
 )
 
 RECV_BUFFER = 4 * 1024 * 1024
-# The receiver's ring (tests/bench/bench_transfer_local.py): 1 MiB slots measured faster than 256 KiB (more
-# hand-offs) and than 4 MiB (a 16 MiB ring leaves the caches, so hashing and writing re-read memory).
-# RING_SLOTS < 2: receive, hash and write in one thread.
+# The receiver (docs/model-staging.md, "Throughput"; tests/bench/bench_transfer_local.py). 1 MiB slots: 4 MiB
+# slots make a 16 MiB ring that leaves the caches (hashing and writing re-read memory; measured slower).
+# The pipeline (hash and write in their own threads) costs more CPU per byte than one thread (cross-core
+# hand-offs); on 2 cores shared with the sender it measured no faster, so it is used only where cores are
+# spare. RING_SLOTS < 2: receive, hash and write in one thread.
 SLOT_SIZE = 1024 * 1024
-RING_SLOTS = 4
+RING_SLOTS = 4 if len(os.sched_getaffinity(0)) >= 4 else 1
 
 
 class TransferError(Exception):

@@ -20,7 +20,8 @@ filesystem) and measures, one after the other in one run:
   ref's plugins/module_utils, imported from a temporary collection tree);
 * ``after[_nofsync]``, ``after_2streams[_nofsync]``: this checkout's, with 1 and 2 streams;
 * ``after_<label>`` (``--variants label:NAME=INT,...;...``): this checkout's without fsync, with module
-  constants of _transfer changed (e.g. ``inline:RING_SLOTS=1`` receives, hashes and writes in one thread).
+  constants of _transfer changed (``ring:RING_SLOTS=4`` forces the pipelined receiver, ``inline:RING_SLOTS=1``
+  one thread; the default depends on the CPUs, see _transfer.RING_SLOTS).
 
 Each row gives MiB/s over the wire time, the ratio to raw TCP (the mean of the runs before and after) and
 the CPU seconds per GiB the whole machine spent (from /proc/stat; other load on the machine counts too).

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from ansible_collections.multinode.vllm.plugins.module_utils import _transfer
 from ansible_collections.multinode.vllm.plugins.module_utils._manifest import build_manifest
 from ansible_collections.multinode.vllm.plugins.module_utils._transfer import (
     Sender,
@@ -239,9 +240,11 @@ def test_receive_stream_write_error_is_raised_not_hung(tmp_path):
     assert not thread.is_alive()
 
 
-def test_corrupted_byte_in_flight_is_refused_and_never_renamed(model, tmp_path):
-    """A fake sender speaks the protocol but flips one byte mid-stream: the pipelined receiver's sha256
-    must differ from the manifest's, the file must not appear and the partial must be gone."""
+@pytest.mark.parametrize("slots", [1, 4])
+def test_corrupted_byte_in_flight_is_refused_and_never_renamed(model, tmp_path, monkeypatch, slots):
+    """A fake sender speaks the protocol but flips one byte mid-stream: the receiver's sha256 (one thread,
+    or the pipeline) must differ from the manifest's, the file must not appear and the partial must be gone."""
+    monkeypatch.setattr(_transfer, "RING_SLOTS", slots)
     root, entries = model
     entry = [e for e in entries if e["path"] == "a.safetensors"][0]
     data = bytearray((root / "a.safetensors").read_bytes())
