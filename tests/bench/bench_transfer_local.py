@@ -269,7 +269,7 @@ def row(result: dict) -> dict:
 
 def measure_raw(mib: int) -> dict:
     return row(run_pair(in_ns(NS_B, TCP, "recv", IP_B, str(PORT)),
-                           in_ns(NS_A, TCP, "send", IP_B, str(PORT), str(mib), "--bind", IP_A, "--chunk-kib", "4096")))
+                        in_ns(NS_A, TCP, "send", IP_B, str(PORT), str(mib), "--bind", IP_A, "--chunk-kib", "4096")))
 
 
 def measure_sink(model: str, files: list[str], dest: str, write: bool, hash_: bool, fsync: bool) -> dict:
@@ -278,7 +278,7 @@ def measure_sink(model: str, files: list[str], dest: str, write: bool, hash_: bo
     sizes = [os.path.getsize(p) for p in paths]
     flags = (["--write"] if write else []) + (["--hash"] if hash_ else []) + (["--fsync"] if fsync else [])
     result = run_pair(in_ns(NS_B, __file__, "_sink", "--dest", dest, "--sizes", json.dumps(sizes), *flags),
-                           in_ns(NS_A, __file__, "_sendfile", "--paths", json.dumps(paths)))
+                      in_ns(NS_A, __file__, "_sendfile", "--paths", json.dumps(paths)))
     shutil.rmtree(dest)
     return row(result)
 
@@ -363,7 +363,7 @@ def main(argv: list[str]) -> int:
         trees = {"before": collection_tree(work, "before", args.before_ref), "after": os.path.join(work, "after")}
         dest = os.path.join(work, "dest")
         plan = [
-            ("sha256_1core", lambda: measure_sha256()),
+            ("sha256_1core", measure_sha256),
             ("disk_write", lambda: measure_disk(model, files, dest, False)),
             ("disk_write_fsync", lambda: measure_disk(model, files, dest, True)),
             ("raw_tcp", lambda: measure_raw(args.mib)),
