@@ -45,6 +45,13 @@ from ansible_collections.multinode.vllm.plugins.module_utils._manifest import (
 )
 
 RECV_BUFFER = 4 * 1024 * 1024
+# The receiver (docs/model-staging.md, "Throughput"; tests/bench/bench_transfer_local.py). 1 MiB slots: 4 MiB
+# slots make a 16 MiB ring that leaves the caches (hashing and writing re-read memory; measured slower).
+# The pipeline (hash and write in their own threads) costs more CPU per byte than one thread (cross-core
+# hand-offs); on 2 cores shared with the sender it measured no faster, so it is used only where cores are
+# spare. RING_SLOTS < 2: receive, hash and write in one thread.
+SLOT_SIZE = 1024 * 1024
+RING_SLOTS = 4 if len(os.sched_getaffinity(0)) >= 4 else 1
 
 
 class TransferError(Exception):
@@ -314,6 +321,130 @@ class _Connection:
         self.sock.close()
 
 
+class _Pipeline:
+    """Hash and write the slots of a small ring, each stage in its own thread, while the caller receives.
+
+    Per byte the receiver copies from the socket (recv_into), hashes (sha256) and copies into the page
+    cache (os.write). hashlib and os.write release the GIL on large buffers, so these three overlap on
+    different cores instead of adding up in one thread. Each stage takes the slots in order; a slot is
+    refilled only once both stages are done with it. The bytes written are always a prefix of the
+    stream (what a resume relies on); the first error of a stage stops the receiver.
+    """
+
+    def __init__(self, fd: int, digest: Any, slot_size: int, slots: int) -> None:
+        self.views = [memoryview(bytearray(slot_size)) for _slot in range(slots)]
+        self.lengths = [0] * slots
+        self.cond = threading.Condition()
+        self.produced = 0
+        self.consumed = [0, 0]
+        self.closed = False
+        self.error: Optional[BaseException] = None
+        self.fd = fd
+        self.threads = [threading.Thread(target=self._stage, args=(0, digest.update), daemon=True),
+                        threading.Thread(target=self._stage, args=(1, self._write), daemon=True)]
+        for thread in self.threads:
+            thread.start()
+
+    def _write(self, view: memoryview) -> None:
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def _stage(self, stage: int, work: Callable[[memoryview], Any]) -> None:
+        index = 0
+        while True:
+            with self.cond:
+                while index >= self.produced and not self.closed and self.error is None:
+                    self.cond.wait()
+                if self.error is not None or index >= self.produced:
+                    return
+                slot = index % len(self.views)
+                view = self.views[slot][:self.lengths[slot]]
+            try:
+                work(view)
+            except BaseException as exc:  # pylint: disable=broad-except  # handed to the receiving thread
+                with self.cond:
+                    if self.error is None:
+                        self.error = exc
+                    self.cond.notify_all()
+                return
+            index += 1
+            with self.cond:
+                self.consumed[stage] = index
+                self.cond.notify_all()
+
+    def next_slot(self) -> memoryview:
+        """The next free slot (waits while every slot is still being hashed or written)."""
+        with self.cond:
+            while self.produced - min(self.consumed) >= len(self.views) and self.error is None:
+                self.cond.wait()
+            if self.error is not None:
+                raise self.error
+            return self.views[self.produced % len(self.views)]
+
+    def push(self, count: int) -> None:
+        with self.cond:
+            self.lengths[self.produced % len(self.views)] = count
+            self.produced += 1
+            self.cond.notify_all()
+
+    def finish(self) -> None:
+        """Let both stages drain what was received, then raise the first stage error, if any."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        for thread in self.threads:
+            thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _receive_inline(sock: socket.socket, fd: int, digest: Any, count: int, slot_size: int) -> int:
+    view = memoryview(bytearray(slot_size))
+    left = count
+    while left:
+        got = sock.recv_into(view, min(left, slot_size))
+        if not got:
+            break
+        digest.update(view[:got])
+        part = view[:got]
+        while part:
+            part = part[os.write(fd, part):]
+        left -= got
+    return count - left
+
+
+def receive_stream(sock: socket.socket, fd: int, digest: Any, count: int, slot_size: Optional[int] = None,
+                   slots: Optional[int] = None) -> int:
+    """Receive ``count`` bytes from ``sock`` into ``fd`` (at its position), feeding ``digest``.
+
+    Returns the bytes received (less than ``count`` only when the peer closed early). Everything
+    received is hashed and written before this returns or raises.
+    """
+    slots = RING_SLOTS if slots is None else slots
+    if slots < 2:
+        return _receive_inline(sock, fd, digest, count, slot_size or SLOT_SIZE)
+    pipeline = _Pipeline(fd, digest, slot_size or SLOT_SIZE, slots)
+    left = count
+    try:
+        while left:
+            view = pipeline.next_slot()
+            want = min(left, len(view))
+            got = 0
+            while got < want:
+                chunk = sock.recv_into(view[got:want])
+                if not chunk:
+                    break
+                got += chunk
+            if got:
+                pipeline.push(got)
+            left -= got
+            if got < want:
+                break
+    finally:
+        pipeline.finish()
+    return count - left
+
+
 def _receive_file(conn: _Connection, root: str, entry: Mapping[str, Any], fsync: bool) -> dict[str, Any]:
     """Fetch one file into ``<file>.partial`` (resuming), verify its sha256, rename it into place."""
     path = str(entry["path"])
@@ -343,23 +474,18 @@ def _receive_file(conn: _Connection, root: str, entry: Mapping[str, Any], fsync:
         raise TransferError("%s: %s is %d bytes on the head but %d in the manifest; the head's copy changed "
                             "during the run, run again" % (conn.host, path, int(answer["size"]), size))
     start = time.monotonic()
-    buffer = bytearray(RECV_BUFFER)
-    view = memoryview(buffer)
-    left = size - offset
-    with open(partial, "r+b" if offset else "wb") as out:
-        out.seek(offset)
-        out.truncate()
-        while left:
-            count = conn.sock.recv_into(view, min(left, RECV_BUFFER))
-            if not count:
-                raise TransferError("%s: the connection closed with %d bytes of %s left; run again to resume"
-                                    % (conn.host, left, path))
-            out.write(view[:count])
-            digest.update(view[:count])
-            left -= count
-        if fsync:
-            out.flush()
-            os.fsync(out.fileno())
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, offset)
+        os.lseek(fd, offset, os.SEEK_SET)
+        got = receive_stream(conn.sock, fd, digest, size - offset)
+        if got < size - offset:
+            raise TransferError("%s: the connection closed with %d bytes of %s left; run again to resume"
+                                % (conn.host, size - offset - got, path))
+        if fsync:  # once per file, before the rename: the rename must never expose unwritten bytes
+            os.fsync(fd)
+    finally:
+        os.close(fd)
     seconds = time.monotonic() - start
     sha = digest.hexdigest()
     if sha != entry["sha256"]:

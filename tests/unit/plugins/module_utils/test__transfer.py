@@ -6,18 +6,21 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import threading
 
 import pytest
 
+from ansible_collections.multinode.vllm.plugins.module_utils import _transfer
 from ansible_collections.multinode.vllm.plugins.module_utils._manifest import build_manifest
 from ansible_collections.multinode.vllm.plugins.module_utils._transfer import (
     Sender,
     TransferError,
     bind_sender,
     pull_files,
+    receive_stream,
     spawn_sender,
     stop_sender,
 )
@@ -171,3 +174,107 @@ def test_spawned_sender_exits_when_every_worker_is_done(model, tmp_path):
     running, summary = stop_sender(port, str(tmp_path / "state"))
     assert summary["reason"] == "every worker done" and summary["done"] == [LO]
     assert stop_sender(port, str(tmp_path / "state")) == (False, None)
+
+
+# ---------------------------------------------------------------------------
+# The pipelined receiver (receive_stream): hash and write in their own threads, in order
+# ---------------------------------------------------------------------------
+
+
+def _stream_into(tmp_path, payload, slot_size, slots, close_after=None):
+    """Send ``payload`` (or its first ``close_after`` bytes, then close) through a socketpair into a file."""
+    left, right = socket.socketpair()
+    sent = payload if close_after is None else payload[:close_after]
+
+    def send():
+        with right:
+            right.sendall(sent)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    target = tmp_path / "out.bin"
+    fd = os.open(str(target), os.O_WRONLY | os.O_CREAT, 0o644)
+    digest = hashlib.sha256()
+    try:
+        with left:
+            left.settimeout(10)
+            got = receive_stream(left, fd, digest, len(payload), slot_size=slot_size, slots=slots)
+    finally:
+        os.close(fd)
+        thread.join(10)
+    return got, digest.hexdigest(), target.read_bytes()
+
+
+@pytest.mark.parametrize("slots", [1, 2, 4])
+def test_receive_stream_writes_and_hashes_every_byte_in_order(tmp_path, slots):
+    payload = os.urandom(10 * 1000 + 7)  # not a multiple of the slot size
+    got, sha, written = _stream_into(tmp_path, payload, slot_size=1000, slots=slots)
+    assert got == len(payload)
+    assert written == payload
+    assert sha == hashlib.sha256(payload).hexdigest()
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_receive_stream_early_close_keeps_exactly_the_received_prefix(tmp_path, slots):
+    payload = os.urandom(50_000)
+    got, sha, written = _stream_into(tmp_path, payload, slot_size=4096, slots=slots, close_after=12_345)
+    assert got == 12_345
+    assert written == payload[:12_345]  # what a resume continues from
+    assert sha == hashlib.sha256(payload[:12_345]).hexdigest()
+
+
+def test_receive_stream_write_error_is_raised_not_hung(tmp_path):
+    left, right = socket.socketpair()
+    payload = os.urandom(64 * 1024)
+    thread = threading.Thread(target=lambda: (right.sendall(payload), right.close()))
+    thread.start()
+    (tmp_path / "ro").write_bytes(b"")
+    fd = os.open(str(tmp_path / "ro"), os.O_RDONLY)  # os.write fails with EBADF in the write stage
+    try:
+        with left, pytest.raises(OSError):
+            left.settimeout(10)
+            receive_stream(left, fd, hashlib.sha256(), len(payload), slot_size=4096, slots=4)
+    finally:
+        os.close(fd)
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_corrupted_byte_in_flight_is_refused_and_never_renamed(model, tmp_path, monkeypatch, slots):
+    """A fake sender speaks the protocol but flips one byte mid-stream: the receiver's sha256 (one thread,
+    or the pipeline) must differ from the manifest's, the file must not appear and the partial must be gone."""
+    monkeypatch.setattr(_transfer, "RING_SLOTS", slots)
+    root, entries = model
+    entry = [e for e in entries if e["path"] == "a.safetensors"][0]
+    data = bytearray((root / "a.safetensors").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    srv = socket.socket()
+    srv.bind((LO, 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+
+    def fake_sender():
+        conn, _addr = srv.accept()
+        with conn, conn.makefile("rb") as reader:
+            for line in reader:
+                op = json.loads(line).get("op")
+                if op == "get":
+                    conn.sendall(json.dumps({"ok": True, "size": len(data)}).encode() + b"\n" + bytes(data))
+                else:  # hello, done
+                    conn.sendall(b'{"ok": true}\n')
+                    if op == "done":
+                        return
+
+    thread = threading.Thread(target=fake_sender, daemon=True)
+    thread.start()
+    dest = tmp_path / "w"
+    try:
+        with pytest.raises(TransferError, match="a.safetensors arrived with sha256 [0-9a-f]{64}, expected %s"
+                           % entry["sha256"]):
+            pull(port, dest, [entry])
+    finally:
+        srv.close()
+        thread.join(5)
+    assert not (dest / "a.safetensors").exists()
+    assert not (dest / "a.safetensors.partial").exists()
