@@ -241,7 +241,8 @@ def classify(listener: Mapping[str, Any], fabric_ip: str, allow: Sequence[Mappin
         return dict(verdict="allowed", reason="loopback")
     if addr == fabric:
         return dict(verdict="allowed", reason="fabric address")
-    names = [p["name"] for p in processes]
+    # A rule's process pattern is searched in each owner's name and in its full command line.
+    names = [p["name"] for p in processes] + [p.get("full_cmdline", p["cmdline"]) for p in processes]
     for rule in allow:
         if _rule_matches(rule, addr, port, names):
             return dict(verdict="allowed", reason="allow rule %s" % _rule_text(rule))

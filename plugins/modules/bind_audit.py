@@ -53,7 +53,7 @@ options:
         description: The exact bound address (C(0.0.0.0) matches only a wildcard socket, not every address).
         type: str
       process:
-        description: Regular expression searched in the process name.
+        description: Regular expression searched in the process name and in its command line.
         type: str
   scope:
     description:

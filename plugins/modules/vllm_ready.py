@@ -27,8 +27,8 @@ extends_documentation_fragment:
 options:
   api_key:
     description:
-      - The API key (C(Authorization: Bearer)); used by the controller side only, never logged. When set, readiness
-        also checks that C(GET /v1/models) without the key is refused with 401.
+      - "The API key (sent as C(Authorization: Bearer <key>)); used by the controller side only, never logged. When
+        set, readiness also checks that C(GET /v1/models) without the key is refused with 401."
     type: str
     default: ""
   url:
