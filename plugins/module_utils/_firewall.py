@@ -257,9 +257,8 @@ def check_spec(data: Mapping[str, Any]) -> tuple[Optional[FirewallSpec], list[st
 def build_spec(data: Mapping[str, Any]) -> FirewallSpec:
     """``check_spec`` that raises FabricError listing every problem."""
     spec, errors = check_spec(data)
-    if errors:
+    if errors or spec is None:
         raise FabricError("\n".join(errors))
-    assert spec is not None
     return spec
 
 
@@ -283,7 +282,7 @@ def render_ruleset(spec: FirewallSpec) -> str:
         'iif "lo" accept',
         # (nft comments hold at most 128 bytes: no host names here)
         'iifname "%s" ip saddr %s accept comment "fabric: all traffic between the %d cluster nodes"'
-        % (spec.fabric_interface, _set([ip for _, ip in spec.cluster]), len(spec.cluster)),
+        % (spec.fabric_interface, _set([pair[1] for pair in spec.cluster]), len(spec.cluster)),
         'iifname "%s" tcp dport %s accept comment "management: SSH and API ports"'
         % (spec.mgmt_interface, _set(list(spec.mgmt_tcp_ports))),
     ]

@@ -225,7 +225,7 @@ def _canonical(module, paths, table, ruleset):
                          % (FAMILY, table, err.strip()))
     if rc != 0:
         return None  # no namespace here (no CAP_SYS_ADMIN): fall back to the last applied ruleset
-    tables, _, listing = out.partition("@@@\n")
+    tables, dummy, listing = out.partition("@@@\n")
     made = sorted(line.strip() for line in tables.splitlines() if line.strip())
     if made != ["table %s %s" % (FAMILY, table)]:
         module.fail_json(msg="the ruleset creates %s, expected only table %s %s (so no other software's table is "
@@ -271,7 +271,7 @@ def _present(module, nft, paths, table, result):
                    marker.get("timeout"), paths.marker), **result)
 
     staged = _staged(module, ruleset)
-    rc, _, err = _nft(module, nft, "-c", "-f", staged)
+    rc, dummy, err = _nft(module, nft, "-c", "-f", staged)
     if rc != 0:
         module.fail_json(msg="nft -c refused the ruleset for table %s %s: %s; fix the input (nothing was changed)"
                          % (FAMILY, table, err.strip()), **result)
@@ -283,7 +283,7 @@ def _present(module, nft, paths, table, result):
         # With an unconfirmed earlier change still pending, keep its rollback file: the last confirmed table.
         if not isinstance(pending, dict):
             _write(paths.rollback, replace_script(table, listing))
-            rc, _, err = _nft(module, nft, "-c", "-f", paths.rollback)
+            rc, dummy, err = _nft(module, nft, "-c", "-f", paths.rollback)
             if rc != 0:
                 module.fail_json(msg="the current table %s %s cannot be saved for the rollback (nft -c: %s); "
                                  "refusing to apply without a way back (nothing was changed)"
@@ -295,7 +295,7 @@ def _present(module, nft, paths, table, result):
                                             timeout=timeout)))
         # Armed before the apply: if this process dies right after it, the table still comes back.
         watcher = run_detached(lambda: _watch(nft, paths, token, deadline), [])
-        rc, _, err = _nft(module, nft, "-f", staged)
+        rc, dummy, err = _nft(module, nft, "-f", staged)
         if rc != 0:
             if pending:
                 _write(paths.armed, json.dumps(pending))
@@ -357,7 +357,7 @@ def _absent(module, nft, paths, table, result):
         _remove(paths.rollback)
         _remove(paths.applied)
         if listing is not None:
-            rc, _, err = _nft(module, nft, "delete", "table", FAMILY, table)
+            rc, dummy, err = _nft(module, nft, "delete", "table", FAMILY, table)
             if rc != 0:
                 module.fail_json(msg="nft delete table %s %s failed: %s" % (FAMILY, table, err.strip()), **result)
     module.exit_json(**result)

@@ -137,7 +137,7 @@ def _recap(output):
 
 
 def test_role_applies_confirms_is_idempotent_and_rolls_back_a_lockout(node):
-    rc, out, _ = _play(node, "--check", "--diff")
+    rc, out, dummy = _play(node, "--check", "--diff")
     assert rc == 0 and _recap(out)["changed"] == 1, out
     assert "+\t\tiifname \"mgmt0\" tcp dport { 22, 8000 } accept" in out, out  # head: SSH and the API port
     assert _listing() is None  # check mode changed nothing
@@ -150,10 +150,10 @@ def test_role_applies_confirms_is_idempotent_and_rolls_back_a_lockout(node):
     assert 'iifname "mgmt0" tcp dport { 22, 8000 } accept' in listing
     print("first apply with confirm: %.1f s" % seconds)
 
-    rc, out, _ = _play(node)
+    rc, out, dummy = _play(node)
     assert rc == 0 and _recap(out)["changed"] == 0, out  # idempotent
 
-    rc, out, _ = _play(node, "-e", '{"firewall_mgmt_allow_tcp": [22, 99999]}')
+    rc, out, dummy = _play(node, "-e", '{"firewall_mgmt_allow_tcp": [22, 99999]}')
     assert rc != 0 and "99999" in out and "1-65535" in out, out
     assert _listing() == listing  # bad input: nothing changed
 
@@ -171,8 +171,8 @@ def test_role_applies_confirms_is_idempotent_and_rolls_back_a_lockout(node):
     assert marker["rc"] == 0 and 8 <= after <= 11, marker
     print("lockout run: %.1f s; the host rolled back %.1f s after applying" % (seconds, after))
 
-    rc, out, _ = _play(node)  # the controller gets in again; the restored table is the wanted one
+    rc, out, dummy = _play(node)  # the controller gets in again; the restored table is the wanted one
     assert rc == 0 and _recap(out)["changed"] == 0, out
 
-    rc, out, _ = _play(node, "-e", "firewall_state=absent")
+    rc, out, dummy = _play(node, "-e", "firewall_state=absent")
     assert rc == 0 and _recap(out)["changed"] == 1 and _listing() is None, out

@@ -96,7 +96,7 @@ def test_ports_are_sorted_deduplicated_and_accept_strings_from_jinja():
 
 def test_cluster_addresses_are_sorted_by_address_not_host_name():
     spec = build_spec(_data(cluster={"b": "198.18.200.9", "a": "198.18.200.10", "c": "198.18.200.2"}))
-    assert [str(ip) for _, ip in spec.cluster] == ["198.18.200.2", "198.18.200.9", "198.18.200.10"]
+    assert [str(pair[1]) for pair in spec.cluster] == ["198.18.200.2", "198.18.200.9", "198.18.200.10"]
     assert "{ 198.18.200.2, 198.18.200.9, 198.18.200.10 }" in render_ruleset(spec)
 
 
