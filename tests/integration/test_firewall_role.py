@@ -1,0 +1,178 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The firewall role end to end over real SSH, in two network namespaces of its own (not the lab).
+
+mvfwr-a<pid> is the node: an sshd on its mgmt address 10.77.5.1, a fabric veth 10.77.4.1. The controller
+(ansible-playbook) runs in mvfwr-b<pid> and connects over the mgmt veth, so a ruleset that drops its new SSH
+connections really locks it out, and the host's rollback really has to bring it back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import BIN, ROOT, ansible_env
+
+SUFFIX = str(os.getpid() % 100000)
+NS_A, NS_B = "mvfwr-a" + SUFFIX, "mvfwr-b" + SUFFIX
+A_FAB, B_FAB, A_MGMT, B_MGMT = "10.77.4.1", "10.77.4.2", "10.77.5.1", "10.77.5.2"
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces, sshd, nftables"),
+    pytest.mark.skipif(not all(shutil.which(t) for t in ("nft", "ip", "unshare", "sshd", "ssh-keygen")),
+                       reason="needs nft, ip, unshare, sshd and ssh-keygen (apt-get install nftables openssh-server)"),
+]
+
+
+def _sh(*args, check=True):
+    return subprocess.run(list(args), capture_output=True, text=True, check=check)
+
+
+def _in(ns, *args, check=True):
+    return _sh("ip", "netns", "exec", ns, *args, check=check)
+
+
+def _listing():
+    proc = _in(NS_A, "nft", "list", "table", "inet", "multinode_vllm", check=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+@pytest.fixture
+def node(tmp_path):
+    """The namespaces, sshd in the node (private /run), an inventory; all removed afterwards."""
+    sshd = None
+    state_dir = tmp_path / "fw-state"
+    try:
+        for ns in (NS_A, NS_B):
+            _sh("ip", "netns", "add", ns)
+            _in(ns, "ip", "link", "set", "lo", "up")
+        for name in ("fab0", "mgmt0"):
+            _sh("ip", "link", "add", name, "netns", NS_A, "type", "veth", "peer", "name", name, "netns", NS_B)
+        for ns, addrs in ((NS_A, [("fab0", A_FAB), ("mgmt0", A_MGMT)]), (NS_B, [("fab0", B_FAB), ("mgmt0", B_MGMT)])):
+            for dev, addr in addrs:
+                _in(ns, "ip", "addr", "add", addr + "/24", "dev", dev)
+                _in(ns, "ip", "link", "set", dev, "up")
+        key, host_key = tmp_path / "id_ed25519", tmp_path / "host_ed25519"
+        for path in (key, host_key):
+            _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path))
+        (tmp_path / "authorized_keys").write_text((tmp_path / "id_ed25519.pub").read_text())
+        config = tmp_path / "sshd_config"
+        config.write_text(
+            "ListenAddress %s:22\nHostKey %s\nPidFile none\nAuthorizedKeysFile %s\nPermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            % (A_MGMT, host_key, tmp_path / "authorized_keys"))
+        # A private /run for sshd's privilege-separation dir: nothing is written to the host's /run.
+        sshd = subprocess.Popen(
+            ["ip", "netns", "exec", NS_A, "unshare", "--mount", "--propagation", "private", "sh", "-c",
+             "mount -t tmpfs mvfw-run /run && mkdir -m 0755 /run/sshd && exec /usr/sbin/sshd -D -e -f %s" % config],
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "sshd.log", "w"))
+        deadline = time.monotonic() + 10
+        probe = "import socket; socket.create_connection(('%s', 22), timeout=1).close()" % A_MGMT
+        while _in(NS_B, sys.executable, "-c", probe, check=False).returncode != 0:
+            assert time.monotonic() < deadline and sshd.poll() is None, (tmp_path / "sshd.log").read_text()
+            time.sleep(0.2)
+        (tmp_path / "known_hosts").write_text("%s %s" % (A_MGMT, (tmp_path / "host_ed25519.pub").read_text()))
+        (tmp_path / "hosts.yml").write_text(f"""
+all:
+  vars:
+    ansible_user: root
+    ansible_python_interpreter: /usr/bin/python3
+    ansible_ssh_private_key_file: {key}
+    ansible_ssh_common_args: >-
+      -o StrictHostKeyChecking=yes -o UserKnownHostsFile={tmp_path / 'known_hosts'} -o GlobalKnownHostsFile=/dev/null
+      -o IdentitiesOnly=yes -o ConnectTimeout=2 -o ControlPath={tmp_path}/cp-%%C
+    ansible_remote_tmp: /tmp/.ansible-mvfw/tmp
+    fabric_cidr: 10.77.4.0/24
+    firewall_enabled: true
+    firewall_state_dir: {state_dir}
+  children:
+    ray_head:
+      hosts:
+        node:
+          ansible_host: {A_MGMT}
+          multinode_fabric: {{interface: fab0, ip: {A_FAB}, mgmt_interface: mgmt0, mgmt_ip: {A_MGMT}}}
+    ray_workers:
+      hosts:
+        peer:
+          fabric_ip: {B_FAB}
+    fw_nodes:
+      hosts:
+        node:
+""")
+        yield tmp_path
+    finally:
+        if state_dir.is_dir():  # disarm a pending rollback: its watcher exits
+            for path in state_dir.glob("*.armed.json"):
+                path.unlink()
+        if sshd is not None:
+            sshd.kill()
+            sshd.wait()
+        for ns in (NS_A, NS_B):
+            _sh("ip", "netns", "del", ns, check=False)
+
+
+def _play(where, *args):
+    """ansible-playbook from the controller namespace; returns (rc, output, seconds)."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["ip", "netns", "exec", NS_B, str(BIN / "ansible-playbook"), "-i", str(where / "hosts.yml"),
+         str(ROOT / "tests" / "integration" / "playbooks" / "firewall.yml"), *args],
+        capture_output=True, text=True, env=ansible_env(), cwd=str(ROOT), timeout=300, check=False)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+def _recap(output):
+    match = re.search(r"node\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output)
+    assert match, output
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups())))
+
+
+def test_role_applies_confirms_is_idempotent_and_rolls_back_a_lockout(node):
+    rc, out, dummy = _play(node, "--check", "--diff")
+    assert rc == 0 and _recap(out)["changed"] == 1, out
+    assert "+\t\tiifname \"mgmt0\" tcp dport { 22, 8000 } accept" in out, out  # head: SSH and the API port
+    assert _listing() is None  # check mode changed nothing
+
+    rc, out, seconds = _play(node)
+    assert rc == 0, out
+    assert "Confirm the firewall change" in out and _recap(out)["changed"] == 1, out
+    listing = _listing()
+    assert 'iifname "fab0" ip saddr { 10.77.4.1, 10.77.4.2 } accept' in listing
+    assert 'iifname "mgmt0" tcp dport { 22, 8000 } accept' in listing
+    print("first apply with confirm: %.1f s" % seconds)
+
+    rc, out, dummy = _play(node)
+    assert rc == 0 and _recap(out)["changed"] == 0, out  # idempotent
+
+    rc, out, dummy = _play(node, "-e", '{"firewall_mgmt_allow_tcp": [22, 99999]}')
+    assert rc != 0 and "99999" in out and "1-65535" in out, out
+    assert _listing() == listing  # bad input: nothing changed
+
+    # Wrong management interface: SSH on mgmt0 is no longer allowed, the controller's new connection is dropped.
+    rc, out, seconds = _play(node, "-e", '{"firewall_mgmt_interface": "mgmt9", "firewall_rollback_timeout": 8, '
+                                         '"firewall_confirm_timeout": 3}')
+    assert rc != 0 and "could not confirm it over a fresh connection" in out, out
+    assert "puts the previous table back by itself" in out, out
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and 'iifname "mgmt9"' in (_listing() or ""):
+        time.sleep(0.2)
+    assert _listing() is not None and 'iifname "mgmt0" tcp dport { 22, 8000 }' in _listing(), _listing()
+    marker = json.loads((node / "fw-state" / "multinode_vllm.rolled-back.json").read_text())
+    after = marker["rolled_back_at"] - marker["applied_at"]
+    assert marker["rc"] == 0 and 8 <= after <= 11, marker
+    print("lockout run: %.1f s; the host rolled back %.1f s after applying" % (seconds, after))
+
+    rc, out, dummy = _play(node)  # the controller gets in again; the restored table is the wanted one
+    assert rc == 0 and _recap(out)["changed"] == 0, out
+
+    rc, out, dummy = _play(node, "-e", "firewall_state=absent")
+    assert rc == 0 and _recap(out)["changed"] == 1 and _listing() is None, out

@@ -1,0 +1,246 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The firewall model: what the rendered table allows, and every bad input named before anything changes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from ansible_collections.multinode.vllm.plugins.filter.firewall_errors import firewall_errors
+from ansible_collections.multinode.vllm.plugins.filter.firewall_ruleset import firewall_ruleset
+from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
+from ansible_collections.multinode.vllm.plugins.module_utils._firewall import (
+    build_spec,
+    check_spec,
+    cluster_ips,
+    normalise_listing,
+    render_ruleset,
+    replace_script,
+)
+
+CIDR = "198.18.200.0/24"
+
+
+def _data(**changes):
+    data = dict(
+        host="spark1",
+        fabric_interface="enp1s0f1np1",
+        fabric_cidr=CIDR,
+        cluster={"spark1": "198.18.200.12", "spark2": "198.18.200.13"},
+        mgmt_interface="eth0",
+        mgmt_allow_tcp=[22, 8000],
+        controller_port=22,
+        allow_sources=[],
+        allow_icmp=True,
+        log_drops=False,
+    )
+    data.update(changes)
+    return data
+
+
+def _rules(text):
+    """The rule lines of the input chain."""
+    body = text.split("chain input {\n", 1)[1].split("\n\t}\n", 1)[0]
+    return [line.strip() for line in body.splitlines()]
+
+
+def _errors(**changes):
+    spec, errors = check_spec(_data(**changes))
+    assert spec is None and errors
+    return errors
+
+
+# ---------------------------------------------------------------------------
+# Rendering
+# ---------------------------------------------------------------------------
+
+
+def test_ruleset_replaces_only_its_own_table_in_one_file():
+    text = render_ruleset(build_spec(_data()))
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    # Declare (so delete never fails), delete, declare in full: one nft transaction.
+    assert lines[:3] == ["table inet multinode_vllm {}", "delete table inet multinode_vllm", "table inet multinode_vllm {"]
+    assert "flush ruleset" not in text
+    assert {line.split("{")[0].strip() for line in lines if line.startswith("table")} == {"table inet multinode_vllm"}
+
+
+def test_policy_is_drop_and_the_rules_allow_exactly_the_issue_list():
+    rules = _rules(render_ruleset(build_spec(_data())))
+    assert rules[0] == "type filter hook input priority filter; policy drop;"
+    assert rules[1].startswith("ct state established,related accept")
+    assert rules[2] == "ct state invalid drop"
+    assert rules[3] == 'iif "lo" accept'
+    assert rules[4].startswith('iifname "enp1s0f1np1" ip saddr { 198.18.200.12, 198.18.200.13 } accept')
+    assert rules[5].startswith('iifname "eth0" tcp dport { 22, 8000 } accept')
+    assert rules[-1] == 'counter name "dropped" drop'
+    # Every accept is bound to an interface, a conntrack state or ICMP: nothing else open.
+    for rule in rules:
+        if "accept" in rule:
+            assert rule.startswith(("ct state", 'iif "lo"', 'iifname "eth0"', 'iifname "enp1s0f1np1"', "icmp")), rule
+
+
+def test_worker_without_api_port_and_single_port_is_not_a_set():
+    rules = _rules(render_ruleset(build_spec(_data(mgmt_allow_tcp=[22]))))
+    assert 'iifname "eth0" tcp dport 22 accept comment "management: SSH and API ports"' in rules
+    assert not any("8000" in rule for rule in rules)
+
+
+def test_ports_are_sorted_deduplicated_and_accept_strings_from_jinja():
+    spec = build_spec(_data(mgmt_allow_tcp=["8000", 22, 22], controller_port="22"))
+    assert spec.mgmt_tcp_ports == (22, 8000)
+
+
+def test_cluster_addresses_are_sorted_by_address_not_host_name():
+    spec = build_spec(_data(cluster={"b": "198.18.200.9", "a": "198.18.200.10", "c": "198.18.200.2"}))
+    assert [str(pair[1]) for pair in spec.cluster] == ["198.18.200.2", "198.18.200.9", "198.18.200.10"]
+    assert "{ 198.18.200.2, 198.18.200.9, 198.18.200.10 }" in render_ruleset(spec)
+
+
+def test_extra_sources_icmp_and_drop_log():
+    spec = build_spec(
+        _data(
+            allow_sources=["198.19.1.50", {"src": "10.9.0.0/16", "tcp_ports": [9100]}, "2001:db8::7"],
+            allow_icmp=False,
+            log_drops=True,
+            log_rate="3/second",
+        )
+    )
+    rules = _rules(render_ruleset(spec))
+    assert 'iifname "eth0" ip saddr 198.19.1.50 accept comment "extra source"' in rules
+    assert 'iifname "eth0" ip saddr 10.9.0.0/16 tcp dport 9100 accept comment "extra source"' in rules
+    assert 'iifname "eth0" ip6 saddr 2001:db8::7 accept comment "extra source"' in rules
+    assert not any("echo-request" in rule for rule in rules)
+    assert any(rule.startswith("icmpv6 type { nd-neighbor-solicit") for rule in rules)  # IPv6 keeps working
+    assert rules[-2] == 'limit rate 3/second burst 5 packets log prefix "multinode_vllm drop: " level info'
+
+
+def test_icmp_on_by_default_and_no_log():
+    rules = _rules(render_ruleset(build_spec(_data())))
+    assert "icmp type echo-request accept" in rules
+    assert not any(rule.startswith("limit") for rule in rules)
+
+
+def test_comments_fit_nft_limit_for_a_big_cluster():
+    cluster = {"spark%d" % i: "198.18.200.%d" % (10 + i) for i in range(1, 65)}
+    text = render_ruleset(build_spec(_data(cluster=cluster, controller_port=22)))
+    for comment in text.split('comment "')[1:]:
+        assert len(comment.split('"', 1)[0].encode()) <= 128
+
+
+# ---------------------------------------------------------------------------
+# Validation: each message names host, value, expectation, fix
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(mgmt_allow_tcp=[22, 70000]), ["spark1", "70000", "1-65535", "firewall_mgmt_allow_tcp"]),
+        (dict(mgmt_allow_tcp=[0, 22]), ["spark1", "0", "1-65535"]),
+        (dict(mgmt_allow_tcp=[22, True]), ["True", "1-65535"]),
+        (dict(mgmt_allow_tcp=["ssh"]), ["'ssh'", "1-65535"]),
+        (dict(mgmt_allow_tcp="22"), ["'22'", "list of TCP ports"]),
+        (dict(mgmt_allow_tcp=[]), ["empty", "lock", "[22]"]),
+        (dict(mgmt_allow_tcp=[8000]), ["does not contain 22", "lock the controller out", "add 22"]),
+        (dict(cluster={"spark1": "198.18.200.12", "spark2": "10.0.0.5"}), ["spark2", "10.0.0.5", CIDR, "host_vars/spark2.yml"]),
+        (dict(cluster={"spark1": "198.18.200.12", "spark2": None}), ["spark2", "no fabric address", "fabric role"]),
+        (dict(cluster={"spark1": "198.18.200.12", "spark2": "not-an-ip"}), ["spark2", "'not-an-ip'", "IPv4"]),
+        (dict(cluster={"spark1": "198.18.200.12", "spark2": "198.18.200.12"}), ["spark1 and spark2", "198.18.200.12"]),
+        (dict(cluster={}), ["{}", "firewall_cluster_hosts"]),
+        (dict(fabric_cidr="junk"), ["'junk'", "fabric_cidr", "IPv4 network"]),
+        (dict(fabric_interface=None), ["firewall_fabric_interface", "None", "fabric role"]),
+        (dict(mgmt_interface=""), ["firewall_mgmt_interface", "host_vars/spark1.yml"]),
+        (dict(mgmt_interface='eth0" accept'), ["'eth0\" accept'", "interface name"]),
+        (dict(mgmt_interface="a-very-long-interface-name"), ["a-very-long-interface-name", "1-15"]),
+        (dict(mgmt_interface="enp1s0f1np1"), ["both enp1s0f1np1", "two networks"]),
+        (dict(allow_sources=["0.0.0.0/0"]), ["0.0.0.0/0", "whole Internet", "firewall_mgmt_allow_tcp"]),
+        (dict(allow_sources=["monitor"]), ["'monitor'", "IP address or network"]),
+        (dict(allow_sources=[{"source": "1.2.3.4"}]), ["source", "{src: 198.19.1.50"]),
+        (dict(allow_sources=[{"src": "1.2.3.4", "tcp_ports": [99999]}]), ["99999", "1-65535"]),
+        (dict(allow_sources="1.2.3.4"), ["'1.2.3.4'", "expected a list"]),
+        (dict(allow_icmp="yes"), ["firewall_allow_icmp", "'yes'", "true or false"]),
+        (dict(log_rate="fast"), ["firewall_log_rate", "'fast'", "N/minute"]),
+    ],
+)
+def test_bad_input_is_named(changes, words):
+    message = "\n".join(_errors(**changes))
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_every_problem_is_reported_at_once():
+    errors = _errors(mgmt_allow_tcp=[99999, 22], cluster={"spark1": "198.18.200.12", "spark2": "10.1.1.1"},
+                     mgmt_interface="")
+    assert len(errors) == 3
+    with pytest.raises(FabricError) as caught:
+        build_spec(_data(mgmt_allow_tcp=[99999, 22]))
+    assert "99999" in str(caught.value)
+
+
+def test_no_controller_port_means_no_lockout_check():
+    assert build_spec(_data(controller_port=None, mgmt_allow_tcp=[2222])).mgmt_tcp_ports == (2222,)
+
+
+# ---------------------------------------------------------------------------
+# Cluster addresses from hostvars, filters, listings
+# ---------------------------------------------------------------------------
+
+
+def test_cluster_ips_prefers_facts_then_inventory():
+    hostvars = {
+        "spark1": {"multinode_fabric": {"ip": "198.18.200.12"}, "fabric_ip": "198.18.200.99"},
+        "spark2": {"fabric_ip": "198.18.200.13"},
+        "spark3": {},
+    }
+    assert cluster_ips(hostvars, ["spark1", "spark2", "spark3", "ghost"]) == {
+        "spark1": "198.18.200.12",
+        "spark2": "198.18.200.13",
+        "spark3": None,
+        "ghost": None,
+    }
+
+
+def test_filters_resolve_cluster_hosts_and_raise_on_bad_input():
+    from ansible.errors import AnsibleFilterError
+
+    hostvars = {"spark1": {"multinode_fabric": {"ip": "198.18.200.12"}}, "spark2": {"fabric_ip": "198.18.200.13"}}
+    spec = _data(cluster_hosts=["spark1", "spark2"])
+    del spec["cluster"]
+    assert firewall_errors(spec, hostvars) == []
+    assert "{ 198.18.200.12, 198.18.200.13 }" in firewall_ruleset(spec, hostvars)
+    spec["cluster_hosts"] = ["spark1", "spark3"]
+    assert any("spark3" in e for e in firewall_errors(spec, hostvars))
+    with pytest.raises(AnsibleFilterError, match="spark3"):
+        firewall_ruleset(spec, hostvars)
+
+
+def test_normalise_listing_ignores_traffic_counts_only():
+    one = "table inet t {\n\tcounter dropped {\n\t\tpackets 12 bytes 3400\n\t}\n\n\tchain input {\n\t}\n}\n"
+    two = one.replace("packets 12 bytes 3400", "packets 0 bytes 0")
+    assert normalise_listing(one) == normalise_listing(two)
+    assert normalise_listing(one) != normalise_listing(one.replace("dropped", "other"))
+    assert normalise_listing(None) == "" == normalise_listing("")
+
+
+def test_replace_script_restores_or_removes():
+    assert replace_script("t", None) == "table inet t {}\ndelete table inet t\n"
+    assert replace_script("t", "table inet t {\n}\n").endswith("delete table inet t\ntable inet t {\n}\n")
+
+
+@pytest.mark.skipif(shutil.which("nft") is None or shutil.which("unshare") is None, reason="needs nft and unshare")
+def test_rendered_ruleset_loads_in_a_scratch_namespace():
+    """nft itself accepts what we render (in a throwaway network namespace, never the host's)."""
+    text = render_ruleset(build_spec(_data(allow_sources=["198.19.1.50", "2001:db8::/64"], log_drops=True)))
+    proc = subprocess.run(
+        ["unshare", "--net", "sh", "-c", 'printf %s "$1" | nft -f - && nft list table inet multinode_vllm', "sh", text],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0 and "unshare" in proc.stderr:
+        pytest.skip("cannot make a network namespace here: %s" % proc.stderr.strip())
+    assert proc.returncode == 0, proc.stderr
+    assert 'iifname "eth0" tcp dport { 22, 8000 } accept' in proc.stdout
+    assert "policy drop;" in proc.stdout
