@@ -28,7 +28,7 @@ options:
     type: str
     required: true
   hosts:
-    description: Each inventory host's fabric address, C({host: fabric_ip}).
+    description: "Each inventory host's fabric address, C({host: fabric_ip})."
     type: dict
     required: true
   env_file:
