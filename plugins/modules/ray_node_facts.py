@@ -52,7 +52,11 @@ ansible_facts:
         node_ip_address: {description: The address the raylet registered with., type: str, sample: 198.18.200.12}
         start_node_ip_address: {description: C(--node-ip-address) of the C(ray start) parent; null when absent., type: str}
         gcs_server: {description: A GCS server (head) runs here., type: bool}
-        env: {description: "C(VLLM_HOST_IP), C(*_SOCKET_IFNAME), C(RAY_AUTH_MODE), C(RAY_AUTH_TOKEN_PATH) of the raylet's environment and C(auth_token_sha256), the sha256 of its token file (never the token).", type: dict}
+        env:
+          description:
+            - C(VLLM_HOST_IP), C(*_SOCKET_IFNAME), C(RAY_AUTH_MODE) and C(RAY_AUTH_TOKEN_PATH) of the raylet's environment,
+              and C(auth_token_sha256), the sha256 of its token file (never the token).
+          type: dict
         config_hash: {description: C(MULTINODE_VLLM_CONFIG_HASH) the raylet was started with; null when not ours., type: str}
         supervisord_pid: {description: This node's supervisord; null when not running., type: int}
         managed: {description: The raylet descends from this node's supervisord., type: bool}
