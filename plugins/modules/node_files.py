@@ -35,6 +35,13 @@ options:
     type: list
     elements: dict
     default: []
+  secret_files:
+    description:
+      - Like O(files), for secrets (a token, a key). Their content is masked in every output (no_log) and never
+        shown in a diff; write them with mode 0600.
+    type: list
+    elements: dict
+    default: []
 """
 
 EXAMPLES = r"""
@@ -79,6 +86,7 @@ def main() -> None:
         argument_spec=dict(
             directories=dict(type="list", elements="dict", default=[]),
             files=dict(type="list", elements="dict", default=[]),
+            secret_files=dict(type="list", elements="dict", default=[], no_log=True),
         ),
         supports_check_mode=True,
     )
@@ -96,14 +104,15 @@ def main() -> None:
                 changed.append(path)
                 if not module.check_mode:
                     os.chmod(path, mode)
-        for entry in module.params["files"]:
+        entries = [(e, False) for e in module.params["files"]] + [(e, True) for e in module.params["secret_files"]]
+        for entry, secret in entries:
             path, mode = entry["path"], _mode(entry.get("mode", "0644"), entry["path"])
             content = str(entry.get("content", "")).encode("utf-8")
             before = _read(path)
             if before == content and stat.S_IMODE(os.stat(path).st_mode) == mode:
                 continue
             changed.append(path)
-            if module._diff and before != content:
+            if module._diff and before != content and not secret:
                 diffs.append(dict(before_header=path, after_header=path,
                                   before=(before or b"").decode("utf-8", "replace"), after=content.decode("utf-8")))
             if module.check_mode:

@@ -65,3 +65,20 @@ def test_check_mode_writes_nothing_and_diffs(run, tmp_path):
 def test_bad_mode_fails_naming_the_path(run, tmp_path):
     code, result = run(_args(tmp_path, mode="rw"))
     assert code == 1 and "node.env: mode must be octal" in result["msg"]
+
+
+def test_secret_files_are_written_but_never_shown(run, tmp_path, capsys):
+    secret = "s3cr3t-token-" + "x" * 40
+    args = _args(tmp_path, secret_files=[{"path": str(tmp_path / "etc" / "token"), "content": secret + "\n",
+                                          "mode": "0600"}])
+    code, result = run(dict(args, _ansible_diff=True))
+    # Ansible masks every value of a no_log option in the output, the path included.
+    assert code == 0 and result["changed"] and "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in result["changed_paths"]
+    assert (tmp_path / "etc" / "token").read_text() == secret + "\n"
+    assert stat.S_IMODE(os.stat(tmp_path / "etc" / "token").st_mode) == 0o600
+    # A change in diff mode: the env file's diff is shown, the secret's is not; the value is nowhere in the output.
+    args["secret_files"][0]["content"] = secret + "-new\n"
+    args["files"][0]["content"] = "A=2\n"
+    code, result = run(dict(args, _ansible_diff=True))
+    assert code == 0 and [d["after_header"] for d in result["diff"]] == [str(tmp_path / "etc" / "node.env")]
+    assert secret not in json.dumps(result)
