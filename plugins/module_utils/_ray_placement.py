@@ -12,8 +12,9 @@ environment vLLM's workers get from the raylet, records Ray's node address, ``VL
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, Optional
+
+from ._rendezvous import parse_marked
 
 MARKER = "MULTINODE_PLACEMENT "
 
@@ -65,14 +66,7 @@ os._exit(0)
 
 
 def parse_output(stdout: str) -> Optional[dict[str, Any]]:
-    last = None
-    for line in stdout.splitlines():
-        if line.startswith(MARKER):
-            try:
-                last = json.loads(line[len(MARKER):])
-            except ValueError:
-                continue
-    return last
+    return parse_marked(stdout, MARKER)
 
 
 def placement_problems(result: Optional[Mapping[str, Any]], hosts: Mapping[str, str], timeout: float) -> list[str]:

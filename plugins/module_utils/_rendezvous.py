@@ -85,16 +85,21 @@ def parse_non_carry_over(text: str, path: str) -> list[str]:
     return list(data)
 
 
-def parse_rank_output(stdout: str) -> Optional[dict[str, Any]]:
-    """The last ``MULTINODE_PREFLIGHT <json>`` line a rank printed (each line is the whole result so far)."""
+def parse_marked(stdout: str, marker: str) -> Optional[dict[str, Any]]:
+    """The last ``<marker><json>`` line a helper process printed (each line is the whole result so far)."""
     last = None
     for line in stdout.splitlines():
-        if line.startswith(MARKER):
+        if line.startswith(marker):
             try:
-                last = json.loads(line[len(MARKER):])
+                last = json.loads(line[len(marker):])
             except ValueError:
                 continue
     return last
+
+
+def parse_rank_output(stdout: str) -> Optional[dict[str, Any]]:
+    """The last ``MULTINODE_PREFLIGHT <json>`` line a rank printed."""
+    return parse_marked(stdout, MARKER)
 
 
 def bandwidth_summary(results: Mapping[str, Optional[Mapping[str, Any]]]) -> Optional[dict[str, Any]]:
