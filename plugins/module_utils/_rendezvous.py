@@ -30,6 +30,10 @@ RETURNED_PREFIXES = ("NCCL_", "UCX_")
 PHASES = ("start", "interfaces", "import", "get_ip", "init", "verify", "bandwidth", "barrier", "done")
 
 BACKENDS = ("auto", "gloo", "nccl")
+
+# The environment under a node env file for the processes the checks start (the env file wins).
+MINIMAL_BASE = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+                "LANG": "C.UTF-8"}
 # Phases in which a failure is a failure of the rendezvous itself.
 RENDEZVOUS_PHASES = ("init", "verify", "bandwidth", "barrier")
 

@@ -214,6 +214,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import (
     VERSIONS_SCRIPT,
+    MINIMAL_BASE,
     RendezvousError,
     node_fingerprint,
     parse_env_file,
@@ -227,10 +228,6 @@ from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous_run imp
     default_non_carry_over_file,
     run_rank,
 )
-
-MINIMAL_BASE = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-                "LANG": "C.UTF-8"}
-
 
 def _read(path: str) -> str:
     with open(path) as handle:

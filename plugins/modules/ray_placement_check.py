@@ -97,14 +97,11 @@ from ansible_collections.multinode.vllm.plugins.module_utils._ray_placement impo
     placement_rows,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import (
+    MINIMAL_BASE,
     RendezvousError,
     parse_env_file,
     rank_environment,
 )
-
-MINIMAL_BASE = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-                "LANG": "C.UTF-8"}
-
 
 def main() -> None:
     module = AnsibleModule(
