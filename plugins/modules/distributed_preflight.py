@@ -229,6 +229,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous_run imp
     run_rank,
 )
 
+
 def _read(path: str) -> str:
     with open(path) as handle:
         return handle.read()

@@ -103,6 +103,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import 
     rank_environment,
 )
 
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
