@@ -242,14 +242,34 @@ def evaluate_route(route: Mapping[str, Any], interface: str, local_ip: str) -> O
     return None
 
 
-def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float) -> dict[str, Any]:
+def _connect(local_ip: str, peer_ip: str, port: int, timeout: float, listener_wait: float) -> socket.socket:
+    """Connect from the fabric address. A refusal is retried for listener_wait seconds: with phase listen_probe the
+    peers start their listeners in the same task, a moment apart. Only a refusal: a timeout or an unreachable
+    network is an answer at once."""
+    deadline = time.monotonic() + listener_wait
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.bind((local_ip, 0))
+            sock.connect((peer_ip, port))
+            return sock
+        except ConnectionRefusedError:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+        except OSError:
+            sock.close()
+            raise
+
+
+def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float, listener_wait: float = 0.0) -> dict[str, Any]:
     result: dict[str, Any] = {"ok": False, "error": None, "connect_ms": None, "rtt_ms": None, "answered_by": None}
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
+    sock = None
     try:
-        sock.bind((local_ip, 0))
         start = time.monotonic()
-        sock.connect((peer_ip, port))
+        sock = _connect(local_ip, peer_ip, port, timeout, listener_wait)
         result["connect_ms"] = round((time.monotonic() - start) * 1000, 3)
         reader = sock.makefile("rb")
         rtts = []
@@ -268,10 +288,13 @@ def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float) -> dict[s
         result["error"] = "timed out after %s" % _fmt_seconds(timeout)
     except ConnectionRefusedError:
         result["error"] = "connection refused on port %d (no probe listener there, or a firewall rejects it)" % port
+        if listener_wait:
+            result["error"] += " for %s" % _fmt_seconds(listener_wait)
     except OSError as exc:
         result["error"] = exc.strerror or str(exc)
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
     return result
 
 
@@ -348,19 +371,27 @@ def probe_peer(
     mgmt_port: int,
     mgmt_timeout: float,
     get_route: Callable[[str], Mapping[str, Any]] = route_get,
+    listener_wait: float = 0.0,
 ) -> dict[str, Any]:
     peer_ip = str(peer["fabric_ip"])
+    # The management check usually waits out its timeout (a peer's management address is unreachable on a
+    # fabric-only cluster): run it beside the fabric checks, not after them.
+    mgmt: dict[str, Any] = {}
+    mgmt_thread = threading.Thread(
+        target=lambda: mgmt.update(_mgmt_check(peer.get("mgmt_ip"), mgmt_port, mgmt_timeout)), daemon=True)
+    mgmt_thread.start()
     try:
         route = dict(get_route(peer_ip))
         route_error = evaluate_route(route, interface, local_ip)
     except (OSError, subprocess.CalledProcessError, ValueError) as exc:
         route, route_error = {}, "ip route get %s failed: %s" % (peer_ip, exc)
-    tcp = _tcp_check(local_ip, peer_ip, port, timeout)
+    tcp = _tcp_check(local_ip, peer_ip, port, timeout, listener_wait)
     mtu_result = _mtu_check(local_ip, peer_ip, port, mtu, timeout) if tcp["ok"] else {
         "ok": False, "mtu": mtu, "payload": mtu - IPV4_UDP_OVERHEAD, "error": "skipped: TCP failed"}
     if tcp["ok"]:
         # Only after the MTU echo: the listener may exit on the last DONE.
         _say_done(local_ip, peer_ip, port, timeout, me)
+    mgmt_thread.join()
     return {
         "host": str(peer["host"]),
         "fabric_ip": peer_ip,
@@ -368,7 +399,7 @@ def probe_peer(
                   "error": route_error},
         "tcp": tcp,
         "mtu": mtu_result,
-        "mgmt": _mgmt_check(peer.get("mgmt_ip"), mgmt_port, mgmt_timeout),
+        "mgmt": mgmt,
     }
 
 

@@ -156,12 +156,35 @@ def auth_state(env: dict[str, str], proc_root: str, pid: int) -> dict[str, Any]:
     if path:
         out["RAY_AUTH_TOKEN_PATH"] = path
         # Read through the raylet's own root, so a container's view is the one compared.
-        try:
-            with open(os.path.join(proc_root, str(pid), "root") + path, "rb") as handle:
-                out["auth_token_sha256"] = hashlib.sha256(handle.read().strip()).hexdigest()
-        except OSError:
-            out["auth_token_sha256"] = None
+        out["auth_token_sha256"] = token_digest(os.path.join(proc_root, str(pid), "root") + path)
     return out
+
+
+def token_digest(path: str) -> str | None:
+    """sha256 of a token file's content without surrounding whitespace (what Ray reads); None when unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read().strip()).hexdigest()
+    except OSError:
+        return None
+
+
+def token_file_state(path: str) -> dict[str, Any]:
+    """A token file as deploy decides whether to (re)write it: digest and validity (never the content), mode, owner."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"path": path, "exists": False, "sha256": None, "valid": False, "mode": None, "uid": None}
+    try:
+        with open(path, "rb") as handle:
+            token = handle.read().strip()
+    except OSError:
+        token = None
+    return {"path": path, "exists": True,
+            "sha256": hashlib.sha256(token).hexdigest() if token is not None else None,
+            # What Ray and the deploy accept (>= 32 characters, no whitespace): only the verdict leaves the node.
+            "valid": token is not None and len(token) >= 32 and not any(c.isspace() for c in token.decode("latin-1")),
+            "mode": "%04o" % (st.st_mode & 0o7777), "uid": st.st_uid}
 
 
 def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:

@@ -28,9 +28,12 @@ extends_documentation_fragment:
   - multinode.vllm.attributes.READ_ONLY
 options:
   phase:
-    description: V(listen) starts this host's listener; V(probe) probes the peers; V(stop) stops the listener.
+    description:
+      - V(listen) starts this host's listener; V(probe) probes the peers; V(stop) stops the listener.
+      - V(listen_probe) does both in one run (one module start per host instead of two); every host runs it in the
+        same task, so a peer whose listener is not up yet is retried for O(listener_wait) seconds while it refuses.
     type: str
-    choices: [listen, probe, stop]
+    choices: [listen, probe, listen_probe, stop]
     required: true
   host:
     description: This host's inventory name (peers identify the listener by it).
@@ -69,6 +72,12 @@ options:
     description: Upper bound on the listener's lifetime.
     type: float
     default: 120.0
+  listener_wait:
+    description:
+      - With V(listen_probe), seconds a peer's refusing port is retried (its listener starts in the same task, a
+        moment apart). A timeout or an unreachable network is reported at once; only a refusal waits.
+    type: float
+    default: 15.0
   mgmt_port:
     description: TCP port tried on each peer's management address (SSH).
     type: int
@@ -80,6 +89,15 @@ options:
 """
 
 EXAMPLES = r"""
+- name: Listen and probe every peer in one run per node (what the fabric role does)
+  multinode.vllm.fabric_probe:
+    phase: listen_probe
+    host: "{{ inventory_hostname }}"
+    fabric_ip: "{{ multinode_fabric.ip }}"
+    fabric_interface: "{{ multinode_fabric.interface }}"
+    mtu: "{{ multinode_fabric.mtu }}"
+    peers: "{{ fabric_peers }}"
+
 - name: Start the probe listener on every node
   multinode.vllm.fabric_probe:
     phase: listen
@@ -104,8 +122,8 @@ listener_pid:
   returned: phase is listen
   type: int
 peers:
-  description: One result per peer (phase V(probe)).
-  returned: phase is probe
+  description: One result per peer (phase V(probe) or V(listen_probe)).
+  returned: phase is probe or listen_probe
   type: list
   elements: dict
   contains:
@@ -140,7 +158,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._probe import (
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            phase=dict(type="str", choices=["listen", "probe", "stop"], required=True),
+            phase=dict(type="str", choices=["listen", "probe", "listen_probe", "stop"], required=True),
             host=dict(type="str", required=True),
             fabric_ip=dict(type="str", required=True),
             fabric_interface=dict(type="str"),
@@ -158,23 +176,29 @@ def main() -> None:
             port=dict(type="int", default=29499),
             timeout=dict(type="float", default=2.0),
             listen_seconds=dict(type="float", default=120.0),
+            listener_wait=dict(type="float", default=15.0),
             mgmt_port=dict(type="int", default=22),
             mgmt_timeout=dict(type="float", default=1.0),
         ),
-        required_if=[("phase", "probe", ("fabric_interface", "mtu"))],
+        required_if=[
+            ("phase", "probe", ("fabric_interface", "mtu")),
+            ("phase", "listen_probe", ("fabric_interface", "mtu")),
+        ],
         supports_check_mode=True,
     )
     p = module.params
     if p["phase"] == "stop":
         module.exit_json(changed=False, stopped=stop_listener(p["port"]))
-    if p["phase"] == "listen":
+    pid = None
+    if p["phase"] in ("listen", "listen_probe"):
         try:
             pid = spawn_listener(
                 p["fabric_ip"], p["port"], p["host"], [peer["host"] for peer in p["peers"]], p["listen_seconds"]
             )
         except ProbeError as exc:
             module.fail_json(msg="%s: %s" % (p["host"], exc))
-        module.exit_json(changed=False, listener_pid=pid)
+        if p["phase"] == "listen":
+            module.exit_json(changed=False, listener_pid=pid)
 
     results = probe_peers(
         p["host"],
@@ -186,9 +210,11 @@ def main() -> None:
         mtu=p["mtu"],
         mgmt_port=p["mgmt_port"],
         mgmt_timeout=p["mgmt_timeout"],
+        listener_wait=p["listener_wait"] if p["phase"] == "listen_probe" else 0.0,
     )
     problems = [msg for result in results for msg in pair_problems(p["host"], result)]
-    module.exit_json(changed=False, peers=results, problems=problems)
+    extra = {"listener_pid": pid} if pid is not None else {}
+    module.exit_json(changed=False, peers=results, problems=problems, **extra)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ options:
     description: Pidfile of this node's supervisord (the C(process) runtime).
     type: path
     default: /run/multinode-vllm/supervisord.pid
+  auth_token_file:
+    description:
+      - Ray's token file on this node. When given, C(multinode_ray_node.auth_token_file) reports whether it exists,
+        its sha256, mode and owner (never its content), so that a deploy whose nodes all hold the cluster's token with
+        mode 0600 neither reads nor rewrites it.
+    type: path
 """
 
 EXAMPLES = r"""
@@ -62,22 +68,32 @@ ansible_facts:
         managed: {description: The raylet descends from this node's supervisord., type: bool}
         processes: {description: "Every Ray process here (pid, name).", type: list, elements: dict}
         foreign_pids: {description: Ray processes not started by this node's supervisord., type: list, elements: int}
+        auth_token_file:
+          description: "With O(auth_token_file): path, exists, sha256 (never the token), valid (>= 32 characters, no
+            whitespace), mode (V(0600)) and uid."
+          type: dict
+          returned: when O(auth_token_file) is given
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.multinode.vllm.plugins.module_utils._procs import node_state
+from ansible_collections.multinode.vllm.plugins.module_utils._procs import node_state, token_file_state
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(supervisord_pidfile=dict(type="path", default="/run/multinode-vllm/supervisord.pid")),
+        argument_spec=dict(
+            supervisord_pidfile=dict(type="path", default="/run/multinode-vllm/supervisord.pid"),
+            auth_token_file=dict(type="path"),
+        ),
         supports_check_mode=True,
     )
     try:
         state = node_state(module.params["supervisord_pidfile"])
     except OSError as exc:
         module.fail_json(msg="could not read /proc: %s" % exc)
+    if module.params["auth_token_file"]:
+        state["auth_token_file"] = token_file_state(module.params["auth_token_file"])
     module.exit_json(changed=False, ansible_facts=dict(multinode_ray_node=state))
 
 

@@ -39,6 +39,17 @@ def test_preflight_passes_and_reports_the_matrix(clean_faults):
         assert ":29499 " not in labctl("exec", node, "--", "ss", "-Hltnu"), node
 
 
+def test_fewer_forks_than_hosts_probes_in_two_steps(clean_faults):
+    """With forks < hosts the one-run listen_probe could wait on a peer that has not started: two steps instead."""
+    run = run_playbook(PREFLIGHT, "-f", "1")
+    assert run.rc == 0, run.output
+    assert "2 fabric pairs reachable" in run.output
+    steps = run.output.split("Start every listener first, then probe")[1]
+    assert "Start the short-lived probe listener" in steps and "ok: [spark2]" in steps
+    for node in ("spark1", "spark2"):
+        assert ":29499 " not in labctl("exec", node, "--", "ss", "-Hltnu"), node
+
+
 def test_a_failed_probe_stops_every_listener(clean_faults):
     labctl("fault", "drop-port", "spark1", "29499")
     run = run_playbook(PREFLIGHT)

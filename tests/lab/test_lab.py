@@ -245,6 +245,17 @@ def test_private_tmp_and_state_dirs(lab):
         assert node_exec("spark1", "test", "-e", f.name, check=False).returncode == 1
 
 
+def test_root_bashrc_is_a_stock_one_in_nodes(lab):
+    """sshd runs every command through root's bash, which sources ~/.bashrc: a node has no dev-box start-up cost."""
+    if not os.path.isfile("/root/.bashrc"):
+        pytest.skip("the host has no /root/.bashrc")
+    assert node_exec("spark1", "cat", "/root/.bashrc").stdout == (RUN / "nodes" / "spark1" / "bashrc").read_text()
+    assert "return" in node_exec("spark2", "cat", "/root/.bashrc").stdout
+    # Whatever the host's bashrc sets up (pyenv here), an SSH command on a node does not run it.
+    p = ssh(1, "echo ${PYENV_ROOT:-unset}")
+    assert (p.returncode, p.stdout.strip()) == (0, "unset"), p.stderr
+
+
 def test_cache_is_read_only_in_nodes(lab):
     venv = LAB_ROOT / "cache" / "node-venv"
     if not venv.is_dir():

@@ -526,3 +526,26 @@ def test_bind_control_name_held_by_a_live_non_listener():
     finally:
         holder.close()
     assert "cannot create the probe's control socket for port %d" % port in str(caught.value)
+
+
+def test_a_listener_started_a_moment_later_is_waited_for(listener):
+    """listen_probe: a peer's listener comes up a moment after this host starts probing it."""
+    port = _free_port()
+    timer = threading.Timer(0.3, listener, args=("spark1",), kwargs={"port": port})
+    timer.start()
+    try:
+        result = probe_peer("spark2", "lo", LO, {"host": "spark1", "fabric_ip": LO}, port=port, timeout=1.0, mtu=1500,
+                            mgmt_port=_free_port(), mgmt_timeout=0.5, get_route=_on_lo, listener_wait=5.0)
+    finally:
+        timer.join()
+    assert (result["tcp"]["ok"], result["tcp"]["answered_by"], result["mtu"]["ok"]) == (True, "spark1", True)
+
+
+def test_a_refusal_past_the_listener_wait_is_reported_with_the_wait():
+    port = _free_port()
+    start = time.monotonic()
+    result = probe_peer("spark2", "lo", LO, {"host": "spark1", "fabric_ip": LO}, port=port, timeout=1.0, mtu=1500,
+                        mgmt_port=_free_port(), mgmt_timeout=0.5, get_route=_on_lo, listener_wait=0.4)
+    assert time.monotonic() - start >= 0.4
+    assert result["tcp"]["error"] == (
+        "connection refused on port %d (no probe listener there, or a firewall rejects it) for 0.4 s" % port)

@@ -144,3 +144,23 @@ def test_auth_state_digests_the_token_file_through_the_process_root(tmp_path):
     assert "secret-token" not in repr(out)
     assert auth_state(dict(env, RAY_AUTH_TOKEN_PATH="/etc/missing"), str(tmp_path / "proc"), 42)["auth_token_sha256"] is None
     assert auth_state({}, str(tmp_path / "proc"), 42) == {}
+
+
+def test_token_file_state_reports_digest_mode_and_owner_never_the_token(tmp_path):
+    from ansible_collections.multinode.vllm.plugins.module_utils._procs import token_file_state
+    import hashlib
+    token = tmp_path / "ray-auth-token"
+    token.write_text("secret-token\n")  # too short for Ray
+    token.chmod(0o644)
+    state = token_file_state(str(token))
+    assert state == {"path": str(token), "exists": True, "sha256": hashlib.sha256(b"secret-token").hexdigest(),
+                     "valid": False, "mode": "0644", "uid": os.getuid()}
+    assert "secret-token" not in repr(state)
+    token.chmod(0o600)
+    assert token_file_state(str(token))["mode"] == "0600"
+    token.write_text("a" * 64 + "\n")
+    assert token_file_state(str(token))["valid"] is True
+    token.write_text("a" * 32 + " " + "b" * 32 + "\n")
+    assert token_file_state(str(token))["valid"] is False
+    assert token_file_state(str(tmp_path / "missing")) == {
+        "path": str(tmp_path / "missing"), "exists": False, "sha256": None, "valid": False, "mode": None, "uid": None}
