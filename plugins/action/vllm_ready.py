@@ -55,7 +55,7 @@ def http(method: str, url: str, body=None, timeout: float = 10.0, api_key: str =
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset((
-        "url", "served_model_name", "timeout", "interval", "progress_every", "prompt", "max_tokens",
+        "url", "served_model_name", "timeout", "interval", "api_interval", "progress_every", "prompt", "max_tokens",
         "burst_requests", "burst_tokens", "logs", "lines", "connections", "expect_pid", "api_key",
     ))
 
@@ -76,6 +76,8 @@ class ActionModule(ActionBase):
         name = str(args.get("served_model_name") or "")
         timeout = float(args.get("timeout", 600))
         interval = float(args.get("interval", 5))
+        # The API is cheap to ask from here; the node (a module run over SSH) only every `interval`.
+        api_interval = min(interval, float(args.get("api_interval", 1)))
         every = float(args.get("progress_every", 15))
         prompt = str(args.get("prompt", "Hello, world"))
         max_tokens = int(args.get("max_tokens", 16))
@@ -95,25 +97,30 @@ class ActionModule(ActionBase):
         first_pid = args.get("expect_pid")
         detail = ""
         completion = None
+        next_node_read = start
         while True:
             elapsed = time.monotonic() - start
-            node = self._node(task_vars, args)
-            pid = node.get("pid")
-            if node.get("failed"):
-                detail = "could not read the node: %s" % node.get("msg")
-            elif first_pid is None and pid is not None:
-                first_pid = pid
-            if first_pid is not None and pid != first_pid:
-                why = ("the serve process on %s exited (pid %s)" % (host, first_pid) if pid is None else
-                       "the serve process on %s exited and was restarted (pid %s, now %s)" % (host, first_pid, pid))
-                return self._fail(result, host, why, stage, node, elapsed)
-            fatal = "" if stage == "ready" else fatal_line(
-                [line for lines in (node.get("tails") or {}).values() for line in lines])
-            if fatal:
-                return self._fail(result, host, "vllm serve on %s failed while starting: %s" % (host, fatal),
-                                  stage, node, elapsed)
-            if first_pid is None and elapsed > 30:
-                return self._fail(result, host, "no vllm serve process runs on %s" % host, stage, node, elapsed)
+            node_read = time.monotonic() >= next_node_read
+            if node_read:
+                next_node_read = time.monotonic() + interval
+                node = self._node(task_vars, args)
+                pid = node.get("pid")
+                if node.get("failed"):
+                    detail = "could not read the node: %s" % node.get("msg")
+                elif first_pid is None and pid is not None:
+                    first_pid = pid
+                if first_pid is not None and pid != first_pid:
+                    why = ("the serve process on %s exited (pid %s)" % (host, first_pid) if pid is None else
+                           "the serve process on %s exited and was restarted (pid %s, now %s)"
+                           % (host, first_pid, pid))
+                    return self._fail(result, host, why, stage, node, elapsed)
+                fatal = "" if stage == "ready" else fatal_line(
+                    [line for lines in (node.get("tails") or {}).values() for line in lines])
+                if fatal:
+                    return self._fail(result, host, "vllm serve on %s failed while starting: %s" % (host, fatal),
+                                      stage, node, elapsed)
+                if first_pid is None and elapsed > 30:
+                    return self._fail(result, host, "no vllm serve process runs on %s" % host, stage, node, elapsed)
 
             if stage == "health":
                 status, text = http("GET", url + "/health", timeout=5)
@@ -146,7 +153,7 @@ class ActionModule(ActionBase):
 
             latest = node.get("latest") or ""
             said = (stage, latest)
-            if stage == "ready" or said != last_said or elapsed - last_time >= every:
+            if stage == "ready" or said != last_said or (node_read and elapsed - last_time >= every):
                 display.display("%s: %5.0f s  stage %-10s %s" % (
                     host, elapsed, stage, ("log: " + latest) if latest else detail))
                 last_said, last_time = said, elapsed
@@ -155,7 +162,7 @@ class ActionModule(ActionBase):
             if elapsed >= timeout:
                 return self._fail(result, host, "vLLM on %s was not ready after %.0f s (stage %s: %s)" % (
                     host, elapsed, stage, detail), stage, node, elapsed)
-            time.sleep(interval)
+            time.sleep(api_interval)
 
         ready_seconds = round(time.monotonic() - start, 1)
         if key:

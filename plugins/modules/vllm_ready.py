@@ -44,9 +44,13 @@ options:
     type: int
     default: 600
   interval:
-    description: Seconds between polls.
+    description: Seconds between reads of the node (serve process, log tail; a module run on the head).
     type: float
     default: 5
+  api_interval:
+    description: Seconds between requests to the API from the controller (at most O(interval)).
+    type: float
+    default: 1
   progress_every:
     description: Print a progress line at least this often (seconds), and whenever the stage or log line changes.
     type: float
@@ -211,6 +215,7 @@ def main() -> None:
             served_model_name=dict(type="str", default=""),
             timeout=dict(type="int", default=600),
             interval=dict(type="float", default=5),
+            api_interval=dict(type="float", default=1),
             progress_every=dict(type="float", default=15),
             prompt=dict(type="str", default="Hello, world"),
             max_tokens=dict(type="int", default=16, no_log=False),

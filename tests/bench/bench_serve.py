@@ -35,7 +35,8 @@ LABCTL = str(ROOT / "lab" / "labctl")
 SSH_CONFIG = "/var/lib/multinode-vllm-lab/run/ssh/ssh_config"
 API = "http://198.19.1.10:8000"
 MODEL = "tiny"
-BURST = int(os.environ.get("BURST", "5"))
+BURST = int(os.environ.get("BURST", "12"))
+SETTLE = float(os.environ.get("SETTLE", "10"))
 ENV = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PYTHONPATH=str(ROOT / ".cache" / "collections"),
            ANSIBLE_NOCOLOR="1")
 PLAYBOOK = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(ROOT / "inventories" / "lab")]
@@ -149,6 +150,9 @@ def measure(label, start_fn):
     t0 = time.monotonic()
     start_fn()
     first = time.monotonic() - t0
+    # Both servers get the same quiet moment before the burst (the playbook's last SSH sessions and Ray's
+    # start-up churn are not the server's speed).
+    time.sleep(SETTLE)
     tps = burst()
     mem.stop.set()
     mem.join()
@@ -208,7 +212,8 @@ def main():
         "returns text (hand: polling every 2 s; collection: the playbook's exit, right after its readiness "
         "completion).",
         "- (b) tokens/s: %d sequential requests of 64 tokens (`ignore_eos`, temperature 0) from the control node "
-        "to the API on 198.19.1.10:8000, total generated tokens / wall time; same client for both." % BURST,
+        "to the API on 198.19.1.10:8000, %g s after the first completion, total generated tokens / wall time; "
+        "same client for both." % (BURST, SETTLE),
         "- (c) peak memory: the largest sum of PSS (RSS in brackets) over every process in the spark1 and spark2 "
         "network namespaces, sampled each second from the first command to the end of the burst.",
         "",
