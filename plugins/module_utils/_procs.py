@@ -187,6 +187,29 @@ def token_file_state(path: str) -> dict[str, Any]:
             "mode": "%04o" % (st.st_mode & 0o7777), "uid": st.st_uid}
 
 
+def is_serve(cmdline: Sequence[str]) -> bool:
+    """``.../vllm serve ...`` or ``python .../vllm serve ...`` (not the launcher that execs it)."""
+    for i, part in enumerate(cmdline[:3]):
+        if (part == "vllm" or part.endswith("/vllm")) and tuple(cmdline[i + 1:i + 2]) == ("serve",):
+            return True
+    return False
+
+
+def serve_tree(procs: Mapping[int, Any], me: int) -> tuple[Optional[int], list[int]]:
+    """(main vllm serve pid or None, every pid of the serve process trees) among procs (one network namespace)."""
+    roots = sorted(p.pid for p in procs.values() if is_serve(p.cmdline) and p.pid != me)
+    # The main process: a serve process whose ancestors hold no other serve process.
+    main = [pid for pid in roots if not set(ancestors(pid, procs)) & set(roots)]
+    tree = {pid for pid in procs if pid in roots or set(ancestors(pid, procs)) & set(roots)}
+    return (main[0] if main else None), sorted(tree)
+
+
+def serve_processes(proc_root: str = "/proc") -> tuple[Optional[int], list[int]]:
+    """serve_tree of this network namespace."""
+    netns = own_netns(proc_root)
+    return serve_tree({p.pid: p for p in read_processes(proc_root) if p.netns == netns}, os.getpid())
+
+
 def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
     """What Ray runs in this network namespace, and whether our supervisord started it."""
     netns = own_netns(proc_root)
@@ -215,6 +238,11 @@ def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
     if sup is not None:
         managed_pids = {p.pid for p in ray if sup in ancestors(p.pid, procs)}
     state["foreign_pids"] = [p.pid for p in ray if p.pid not in managed_pids]
+    # vllm serve here (a native rank left on a worker, or the head's server), and whether our supervisord runs it.
+    serve_pid, serve_pids = serve_tree(procs, me)
+    state["serve_pid"] = serve_pid
+    state["serve_pids"] = serve_pids
+    state["serve_managed"] = serve_pid is not None and sup is not None and sup in ancestors(serve_pid, procs)
     if raylets:
         raylet = raylets[0]
         env = read_environ(raylet.pid, proc_root)

@@ -42,6 +42,11 @@ options:
     type: list
     elements: dict
     default: []
+  absent:
+    description: Files to remove when present (after the writes), e.g. a program the node no longer runs.
+    type: list
+    elements: path
+    default: []
 """
 
 EXAMPLES = r"""
@@ -87,6 +92,7 @@ def main() -> None:
             directories=dict(type="list", elements="dict", default=[]),
             files=dict(type="list", elements="dict", default=[]),
             secret_files=dict(type="list", elements="dict", default=[], no_log=True),
+            absent=dict(type="list", elements="path", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -126,6 +132,13 @@ def main() -> None:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
+        for path in module.params["absent"]:
+            if os.path.lexists(path):
+                changed.append(path)
+                if module._diff:
+                    diffs.append(dict(before_header=path, after_header="(absent)", before="(present)\n", after=""))
+                if not module.check_mode:
+                    os.unlink(path)
     except (OSError, ValueError, KeyError) as exc:
         module.fail_json(msg="could not write %s: %s" % (changed[-1] if changed else "node files", exc),
                          changed_paths=changed)

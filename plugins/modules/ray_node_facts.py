@@ -68,6 +68,9 @@ ansible_facts:
         managed: {description: The raylet descends from this node's supervisord., type: bool}
         processes: {description: "Every Ray process here (pid, name).", type: list, elements: dict}
         foreign_pids: {description: Ray processes not started by this node's supervisord., type: list, elements: int}
+        serve_pid: {description: "The main C(vllm serve) process in this network namespace; null when none.", type: int}
+        serve_pids: {description: "Every process of the C(vllm serve) trees here.", type: list, elements: int}
+        serve_managed: {description: The main C(vllm serve) process descends from this node's supervisord., type: bool}
         auth_token_file:
           description: "With O(auth_token_file): path, exists, sha256 (never the token), valid (>= 32 characters, no
             whitespace), mode (V(0600)) and uid."

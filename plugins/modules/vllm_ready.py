@@ -159,27 +159,8 @@ from collections import deque
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.multinode.vllm.plugins.module_utils._procs import ancestors, own_netns, read_processes
+from ansible_collections.multinode.vllm.plugins.module_utils._procs import is_serve, serve_processes  # noqa: F401 (is_serve: tested here)
 from ansible_collections.multinode.vllm.plugins.module_utils._serve import meaningful_line, parse_proc_net_tcp
-
-
-def is_serve(cmdline) -> bool:
-    """``.../vllm serve ...`` or ``python .../vllm serve ...`` (not the launcher that execs it)."""
-    for i, part in enumerate(cmdline[:3]):
-        if (part == "vllm" or part.endswith("/vllm")) and cmdline[i + 1:i + 2] == ("serve",):
-            return True
-    return False
-
-
-def serve_processes(proc_root: str = "/proc") -> tuple:
-    netns = own_netns(proc_root)
-    procs = {p.pid: p for p in read_processes(proc_root) if p.netns == netns}
-    me = os.getpid()
-    roots = sorted(p.pid for p in procs.values() if is_serve(p.cmdline) and p.pid != me)
-    # The main process: a serve process whose ancestors hold no other serve process.
-    main = [pid for pid in roots if not set(ancestors(pid, procs)) & set(roots)]
-    tree = {pid for pid in procs if pid in roots or set(ancestors(pid, procs)) & set(roots)}
-    return (main[0] if main else None), sorted(tree)
 
 
 def tail(path: str, lines: int) -> list:

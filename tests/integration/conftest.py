@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -64,3 +65,46 @@ def lab2():
     require_root()
     labctl("up", "2")
     yield LAB_INVENTORY
+
+
+def netns_processes(node: str) -> list[tuple[int, str, str]]:
+    """(pid, name, the first three words of the command line) of every process in the node's network namespace."""
+    wanted = "net:[%d]" % os.stat("/run/netns/%s" % node).st_ino
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink("/proc/%s/ns/net" % entry) != wanted:
+                continue
+            with open("/proc/%s/stat" % entry) as handle:
+                name = handle.read().split("(", 1)[1].rsplit(")", 1)[0]
+            with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                cmdline = handle.read().split(b"\0")
+        except OSError:
+            continue
+        found.append((int(entry), name, b" ".join(cmdline[:3]).decode("utf-8", "replace")))
+    return found
+
+
+def ray_pids(node: str) -> dict[str, list[int]]:
+    """Ray processes whose network namespace is the node's: {name: [pid, ...]}."""
+    found: dict[str, list[int]] = {}
+    for pid, name, text in netns_processes(node):
+        if name in ("raylet", "gcs_server") or name.startswith("ray::") or "site-packages/ray/" in text \
+                or (text.endswith("bin/ray start") or "/bin/ray start" in text):
+            found.setdefault(name, []).append(pid)
+    return found
+
+
+def serve_pids(node: str) -> list[int]:
+    """vllm serve processes (and vLLM's engine processes) in the node's network namespace."""
+    return sorted(pid for pid, name, text in netns_processes(node)
+                  if "/vllm serve" in text or name.startswith("VLLM::"))
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    out = {}
+    for host, fields in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.M):
+        out[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
+    return out

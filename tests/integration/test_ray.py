@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import LAB_INVENTORY, labctl, require_root, run_playbook
+from conftest import LAB_INVENTORY, labctl, ray_pids, recap, require_root, run_playbook
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
 # These tests are about Ray: deploy.yml's serving stage (docs/serve.md) is switched off.
@@ -33,33 +33,6 @@ pytestmark = [
 ]
 
 
-def netns_inode(node: str) -> int:
-    return os.stat("/run/netns/%s" % node).st_ino
-
-
-def ray_pids(node: str) -> dict[str, list[int]]:
-    """Ray processes whose network namespace is the node's: {name: [pid, ...]}."""
-    wanted = "net:[%d]" % netns_inode(node)
-    found: dict[str, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.readlink("/proc/%s/ns/net" % entry) != wanted:
-                continue
-            with open("/proc/%s/stat" % entry) as handle:
-                name = handle.read().split("(", 1)[1].rsplit(")", 1)[0]
-            with open("/proc/%s/cmdline" % entry, "rb") as handle:
-                cmdline = handle.read().split(b"\0")
-        except OSError:
-            continue
-        text = b" ".join(cmdline[:3]).decode("utf-8", "replace")
-        if name in ("raylet", "gcs_server") or name.startswith("ray::") or "site-packages/ray/" in text \
-                or (text.endswith("bin/ray start") or "/bin/ray start" in text):
-            found.setdefault(name, []).append(int(entry))
-    return found
-
-
 def raylet_cmdline(node: str) -> str:
     pids = ray_pids(node).get("raylet") or []
     assert len(pids) == 1, "%s: expected one raylet, found %s" % (node, pids)
@@ -69,13 +42,6 @@ def raylet_cmdline(node: str) -> str:
 
 def nodes_of(inventory: Path) -> list[str]:
     return sorted(p.stem for p in (Path(inventory) / "host_vars").glob("*.yml"))
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    out = {}
-    for host, fields in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.M):
-        out[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
-    return out
 
 
 def node_exec(node: str, *cmd: str) -> str:

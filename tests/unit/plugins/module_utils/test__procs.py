@@ -164,3 +164,22 @@ def test_token_file_state_reports_digest_mode_and_owner_never_the_token(tmp_path
     assert token_file_state(str(token))["valid"] is False
     assert token_file_state(str(tmp_path / "missing")) == {
         "path": str(tmp_path / "missing"), "exists": False, "sha256": None, "valid": False, "mode": None, "uid": None}
+
+
+def test_serve_processes_under_our_supervisord_and_left_over(proc_root, tmp_path):
+    pidfile = str(tmp_path / "supervisord.pid")
+    managed_node(proc_root, pidfile)
+    state = node_state(pidfile, proc_root)
+    assert (state["serve_pid"], state["serve_pids"], state["serve_managed"]) == (None, [], False)
+    # The launcher (sh -c ... exec) became vllm serve under supervisord; its engine core is a child.
+    write_proc(proc_root, 50, 10, "vllm", [VENV + "/bin/python", VENV + "/bin/vllm", "serve", "/m"], MINE)
+    write_proc(proc_root, 51, 50, "VLLM::EngineCor", ["VLLM::EngineCore"], MINE)
+    write_proc(proc_root, 60, 1, "vllm", [VENV + "/bin/vllm", "serve", "/m", "--headless"], OTHER)
+    state = node_state(pidfile, proc_root)
+    assert (state["serve_pid"], state["serve_pids"], state["serve_managed"]) == (50, [50, 51], True)
+
+
+def test_a_serve_process_started_by_hand_is_not_managed(proc_root, tmp_path):
+    write_proc(proc_root, 70, 1, "vllm", [VENV + "/bin/vllm", "serve", "/m", "--headless"], MINE)
+    state = node_state(str(tmp_path / "none.pid"), proc_root)
+    assert (state["serve_pid"], state["serve_pids"], state["serve_managed"]) == (70, [70], False)

@@ -82,3 +82,15 @@ def test_secret_files_are_written_but_never_shown(run, tmp_path, capsys):
     code, result = run(dict(args, _ansible_diff=True))
     assert code == 0 and [d["after_header"] for d in result["diff"]] == [str(tmp_path / "etc" / "node.env")]
     assert secret not in json.dumps(result)
+
+
+def test_absent_removes_once_and_check_mode_keeps_it(run, tmp_path):
+    run(_args(tmp_path))
+    old = tmp_path / "etc" / "ray.conf"
+    old.write_text("[program:ray]\n")
+    code, result = run(dict(_args(tmp_path, absent=[str(old)]), _ansible_check_mode=True))
+    assert code == 0 and result["changed_paths"] == [str(old)] and old.exists()
+    code, result = run(_args(tmp_path, absent=[str(old)]))
+    assert code == 0 and result["changed_paths"] == [str(old)] and not old.exists()
+    code, result = run(_args(tmp_path, absent=[str(old)]))
+    assert code == 0 and not result["changed"]
