@@ -13,8 +13,11 @@ description:
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
-    description: Log lines keyed by a label such as C(spark2:/var/log/multinode-vllm/ray.log).
-    type: dict
+    description:
+      - Log lines keyed by a label such as C(spark2:/var/log/multinode-vllm/ray.log); or the C(results) of a loop
+        of P(multinode.vllm.vllm_ready#module) over the nodes (each with C(item), the node, and C(tails)), labelled
+        C(<item>:<path>).
+    type: raw
     required: true
   reason:
     description: What failed (first line of the report).
@@ -27,6 +30,10 @@ options:
 """
 
 EXAMPLES = r"""
+- name: Fail with the logs a loop of vllm_ready read on every node
+  ansible.builtin.fail:
+    msg: "{{ node_logs.results | multinode.vllm.vllm_failure_report(reason='vllm serve exited') }}"
+
 - name: Fail with every node's logs and the likely cause
   ansible.builtin.fail:
     msg: "{{ tails | multinode.vllm.vllm_failure_report(reason='vLLM was not ready after 600 s') }}"
@@ -38,11 +45,24 @@ _value:
   type: str
 """
 
+from collections.abc import Mapping
+
 from ansible_collections.multinode.vllm.plugins.module_utils._serve import failure_message, likely_cause
 
 
+def _labelled(tails):
+    """{label: lines} from a mapping, or from a loop's results (no dict is built in Jinja: 2.19 forbids it)."""
+    if isinstance(tails, Mapping):
+        return {str(k): [str(x) for x in (v or [])] for k, v in tails.items()}
+    out = {}
+    for result in tails or []:
+        for path, lines in dict(result.get("tails") or {}).items():
+            out["%s:%s" % (result.get("item"), path)] = [str(x) for x in (lines or [])]
+    return out
+
+
 def vllm_failure_report(tails, reason, lines=15):
-    tails = {str(k): [str(x) for x in (v or [])] for k, v in dict(tails).items()}
+    tails = _labelled(tails)
     return failure_message(str(reason), tails, likely_cause(tails), lines=int(lines))
 
 

@@ -27,6 +27,11 @@ options:
     description: The head's management address (a connection to it is an error).
     type: str
     default: ""
+  expected_hosts:
+    description: Every host that must run a rank; one missing from the input is an error (so an empty input fails).
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -45,8 +50,10 @@ _value:
 from ansible_collections.multinode.vllm.plugins.module_utils._serve import rendezvous_check
 
 
-def vllm_rendezvous_errors(ranks, head_fabric_ip, head_mgmt_ip=""):
-    errors = []
+def vllm_rendezvous_errors(ranks, head_fabric_ip, head_mgmt_ip="", expected_hosts=()):
+    ranks = dict(ranks)
+    errors = ["%s: no rank information (its connections were not read), so the rendezvous is not proven" % host
+              for host in expected_hosts if host not in ranks]
     for host, info in sorted(dict(ranks).items()):
         error = rendezvous_check(str(host), int(info["rank"]), list(info.get("connections") or []),
                                  str(info["fabric_ip"]), str(head_fabric_ip), str(head_mgmt_ip or ""))

@@ -328,6 +328,9 @@ CAUSES: tuple[Cause, ...] = (
     Cause("unsupported_model", r"Unsupported CPU attention configuration|not supported|NotImplementedError",
           "the model or a setting is not supported by this vLLM build",
           "check the model architecture, dtype and vllm_extra_args against this vLLM version"),
+    Cause("engine_setting", r"validation errors? for \w*Config",
+          "vLLM rejected a setting while building its configuration (the log line names it)",
+          "correct that setting (vllm_max_model_len, vllm_dtype, vllm_extra_args, ...) and redeploy"),
     Cause("engine_failed", r"Engine core initialization failed|EngineDeadError|RuntimeError|Traceback",
           "the engine failed while starting (see the log lines above the traceback)",
           "read the node logs shown; fix what they name and redeploy"),
@@ -338,7 +341,7 @@ CAUSES: tuple[Cause, ...] = (
 _FATAL = re.compile(
     r"Engine core initialization failed|WorkerProc initialization failed|EngineDeadError|"
     r"current platform cpu does not support ray|Every node should have a unique IP address|"
-    r"Address already in use|Illegal instruction"
+    r"Address already in use|Illegal instruction|validation errors? for \w*Config"
 )
 
 

@@ -108,3 +108,16 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     for host, fields in re.findall(r"^(\S+)\s+:\s+(ok=.*)$", output, re.M):
         out[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", fields)}
     return out
+
+
+def torn_down_lab():
+    """A module's 2-node lab with nothing deployed; afterwards torn down (with the inventory labctl holds then,
+    which a test may have grown) and the lab brought down. Use as ``yield from torn_down_lab()`` in a fixture."""
+    require_root()
+    labctl("up", "2")
+    run_playbook("playbooks/teardown.yml")
+    yield LAB_INVENTORY
+    inventory = labctl("inventory").strip().splitlines()[-1]
+    result = run_playbook("playbooks/teardown.yml", inventory=inventory)
+    labctl("down")
+    assert result.rc == 0, result.output[-3000:]

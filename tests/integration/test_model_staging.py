@@ -168,3 +168,48 @@ def test_not_enough_space_fails_before_any_copy(monkeypatch):
         assert sha256sums("spark2") == {}
     finally:
         labctl("exec", "spark2", "--", "umount", MODEL, check=False)
+
+
+HF_NAME = "itest-hf"
+HF_CACHE = "/var/lib/multinode-vllm/hf-cache"
+HF_REPO = "lab/tiny-hf"
+HF_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_a_hugging_face_cache_is_staged_as_real_files(monkeypatch):
+    """Source hf, offline, from a cache in Hugging Face's layout (snapshots/<commit>/<file> -> ../../blobs/<sha>):
+    huggingface_hub resolves the snapshot on the head, the role materialises real files, spark2 gets the same bytes.
+    (No network here: the download itself is huggingface_hub's; what is ours is the layout handling.)"""
+    node("spark1", (
+        "import hashlib,os;c=%r;repo=%r;commit=%r\n"
+        "base=os.path.join(c,'models--'+repo.replace('/','--'))\n"
+        "os.makedirs(os.path.join(base,'blobs'),exist_ok=True);os.makedirs(os.path.join(base,'refs'),exist_ok=True)\n"
+        "open(os.path.join(base,'refs','main'),'w').write(commit)\n"
+        "for rel,data in (('config.json',b'{\"architectures\": [\"Tiny\"]}'),('model.safetensors',os.urandom(300000)),"
+        "('tokenizer/vocab.json',b'{}')):\n"
+        "    sha=hashlib.sha256(data).hexdigest();open(os.path.join(base,'blobs',sha),'wb').write(data)\n"
+        "    link=os.path.join(base,'snapshots',commit,rel);os.makedirs(os.path.dirname(link),exist_ok=True)\n"
+        "    target=os.path.relpath(os.path.join(base,'blobs',sha),os.path.dirname(link))\n"
+        "    os.path.lexists(link) or os.symlink(target,link)\n"
+    ) % (HF_CACHE, HF_REPO, HF_COMMIT))
+    try:
+        rc, data, raw = stage(monkeypatch, "-e", "model_name=%s" % HF_NAME, "-e", "model_source=hf",
+                              "-e", "model_hf_repo_id=%s" % HF_REPO, "-e", "model_hf_cache_dir=%s" % HF_CACHE,
+                              "-e", "model_hf_offline=true")
+        assert rc == 0, raw[-4000:]
+        dest = "/var/lib/multinode-vllm/models/%s" % HF_NAME
+        listing = (
+            "import os,json,hashlib;r=%r;print(json.dumps({os.path.relpath(os.path.join(d,f),r): "
+            "[os.path.islink(os.path.join(d,f)), hashlib.sha256(open(os.path.join(d,f),'rb').read()).hexdigest()] "
+            "for d,_,fs in os.walk(r) for f in fs}))") % dest
+        head = json.loads(node("spark1", listing).strip().splitlines()[-1])
+        worker = json.loads(node("spark2", listing).strip().splitlines()[-1])
+        assert sorted(head) == ["config.json", "model.safetensors", "tokenizer/vocab.json"]
+        assert not any(is_link for is_link, _sha in head.values()), head
+        assert head == worker
+        # The snapshot was found in the cache (offline: nothing to download).
+        assert task(data, "Download the model once on the head")["spark1"]["changed"] is False
+    finally:
+        for host in ("spark1", "spark2"):
+            labctl("exec", host, "--", "rm", "-rf", HF_CACHE, "/var/lib/multinode-vllm/models/%s" % HF_NAME,
+                   check=False)

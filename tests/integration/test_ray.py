@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import LAB_INVENTORY, labctl, ray_pids, recap, require_root, run_playbook
+from conftest import LAB_INVENTORY, labctl, ray_pids, recap, run_playbook, torn_down_lab
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
 # These tests are about Ray: deploy.yml's serving stage (docs/serve.md) is switched off.
@@ -50,14 +50,7 @@ def node_exec(node: str, *cmd: str) -> str:
 
 @pytest.fixture(scope="module")
 def lab():
-    require_root()
-    labctl("up", "2")
-    run_playbook("playbooks/teardown.yml")
-    yield LAB_INVENTORY
-    inventory = labctl("inventory").strip().splitlines()[-1]
-    result = run_playbook("playbooks/teardown.yml", inventory=inventory)
-    labctl("down")
-    assert result.rc == 0, result.output[-3000:]
+    yield from torn_down_lab()
 
 
 def test_incident_is_caught_by_verify_within_15s(lab):

@@ -59,3 +59,22 @@ def test_failure_report_and_rendezvous_filters():
              "spark2": {"rank": 1, "fabric_ip": "198.18.200.13", "connections": []}}
     errors = vllm_rendezvous_errors(ranks, head_fabric_ip="198.18.200.12", head_mgmt_ip="198.19.1.10")
     assert [e.split(":")[0] for e in errors] == ["spark1 (rank 0)", "spark2 (rank 1)"]
+
+
+def test_failure_report_takes_a_loops_results_labelled_by_node():
+    """What ready.yml passes: the results of vllm_ready looped over the nodes (no dict is built in Jinja)."""
+    results = [{"item": "spark1", "tails": {"/var/log/multinode-vllm/vllm.log": ["Traceback (most recent call last):"],
+                                            "/var/log/multinode-vllm/ray.log": []}},
+               {"item": "spark2", "tails": {"/var/log/multinode-vllm/ray.log": ["Every node should have a unique IP address"]}}]
+    text = vllm_failure_report(results, reason="the serve process on spark1 exited (pid 7)")
+    assert "--- spark1:/var/log/multinode-vllm/vllm.log (last 1 lines) ---" in text
+    assert "--- spark1:/var/log/multinode-vllm/ray.log (last 0 lines) ---" in text
+    assert "--- spark2:/var/log/multinode-vllm/ray.log (last 1 lines) ---" in text
+    assert "VLLM_HOST_IP missing or equal" in text.splitlines()[1]
+
+
+def test_rendezvous_errors_name_a_rank_never_read():
+    """An empty or partial input fails: the check cannot pass for want of information."""
+    assert vllm_rendezvous_errors({}, head_fabric_ip="198.18.200.12", expected_hosts=["spark1", "spark2"]) == [
+        "spark1: no rank information (its connections were not read), so the rendezvous is not proven",
+        "spark2: no rank information (its connections were not read), so the rendezvous is not proven"]
