@@ -159,7 +159,7 @@ from collections import deque
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.multinode.vllm.plugins.module_utils._procs import is_serve, serve_processes  # noqa: F401 (is_serve: tested here)
+from ansible_collections.multinode.vllm.plugins.module_utils._procs import serve_processes
 from ansible_collections.multinode.vllm.plugins.module_utils._serve import meaningful_line, parse_proc_net_tcp
 
 

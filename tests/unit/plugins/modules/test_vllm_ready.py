@@ -11,7 +11,8 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.multinode.vllm.plugins.filter.vllm_failure_report import vllm_failure_report
 from ansible_collections.multinode.vllm.plugins.filter.vllm_rendezvous_errors import vllm_rendezvous_errors
 from ansible_collections.multinode.vllm.plugins.filter.vllm_serve_args import vllm_serve_args
-from ansible_collections.multinode.vllm.plugins.modules.vllm_ready import is_serve, tail
+from ansible_collections.multinode.vllm.plugins.module_utils._procs import is_serve
+from ansible_collections.multinode.vllm.plugins.modules.vllm_ready import tail
 
 V = "/var/lib/multinode-vllm-lab/cache/node-venv/bin"
 
