@@ -12,7 +12,7 @@ In one run, side by side on the same spark1 -> spark2 fabric link:
      playbooks/model.yml: the worker's transfer throughput (receive + sha256 + write + fsync + rename),
      the role's wall time, the head's first hashing; then the same with model_fsync=false;
   3. the no-change re-run (the role's tasks only).
-With BENCH_LINK_RATE (a tc rate such as ``2gbit``), spark1's fabric egress is shaped to it (tbf) for the whole run:
+BENCH_STREAMS sets model_transfer_streams (default 1). With BENCH_LINK_RATE (a tc rate such as ``2gbit``), spark1's fabric egress is shaped to it (tbf) for the whole run:
 a link slower than this machine's disk, as most fabrics are not but some links are, so that what is compared is
 the protocol's overhead, not the disk. Without it the veth runs at memory speed and the disk bounds staging.
 The model is generated in spark1's private /var/lib/multinode-vllm/models and deleted afterwards on both nodes.
@@ -36,6 +36,7 @@ MIB = int(os.environ.get("BENCH_MODEL_MIB", "1088"))
 FILES = 4
 HEAD_IP, WORKER_IP, PORT = "198.18.200.12", "198.18.200.13", 29520
 LINK_RATE = os.environ.get("BENCH_LINK_RATE", "")
+STREAMS = int(os.environ.get("BENCH_STREAMS", "1"))  # model_transfer_streams
 FABRIC_IF = "enp1s0f1np1"
 
 
@@ -81,7 +82,8 @@ def playbook(*extra: str) -> dict:
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json",
                PYTHONPATH=os.path.join(ROOT, ".cache", "collections"))
     out = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", os.path.join(ROOT, "inventories", "lab"),
-                          os.path.join(ROOT, "playbooks", "model.yml"), "-e", "model_name=" + NAME, *extra],
+                          os.path.join(ROOT, "playbooks", "model.yml"), "-e", "model_name=" + NAME,
+                          "-e", "model_transfer_streams=%d" % STREAMS, *extra],
                          capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     data = json.loads(out.stdout[out.stdout.find("{"):])
     if out.returncode:
@@ -119,7 +121,7 @@ def main() -> int:
         sys.exit("needs root (the lab)")
     labctl("up", "2")
     cleanup()
-    report = {"model_mib": MIB, "files": FILES + 1, "cores": os.cpu_count(), "link_rate": LINK_RATE or "unshaped",
+    report = {"model_mib": MIB, "files": FILES + 1, "cores": os.cpu_count(), "link_rate": LINK_RATE or "unshaped", "streams": STREAMS,
               "when": datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%S UTC")}
     try:
         if LINK_RATE:
@@ -141,8 +143,8 @@ def main() -> int:
     report["ratio_no_fsync"] = round(report["staging_no_fsync"]["MiBps"] / raw, 2)
     print(json.dumps(report, indent=1))
     s, n = report["staging"], report["staging_no_fsync"]
-    print("| %s | %d MiB, %d files | %.0f / %.0f MiB/s | %.0f MiB/s (%.2f) | %.0f MiB/s (%.2f) | %.1f s | %.1f s | %.2f s |" % (
-        report["link_rate"], MIB, FILES + 1, report["raw_tcp_before"]["MiBps"], report["raw_tcp_after"]["MiBps"], s["MiBps"], report["ratio"],
+    print("| %s, %d stream(s) | %d MiB, %d files | %.0f / %.0f MiB/s | %.0f MiB/s (%.2f) | %.0f MiB/s (%.2f) | %.1f s | %.1f s | %.2f s |" % (
+        report["link_rate"], STREAMS, MIB, FILES + 1, report["raw_tcp_before"]["MiBps"], report["raw_tcp_after"]["MiBps"], s["MiBps"], report["ratio"],
         n["MiBps"], report["ratio_no_fsync"], s["role_seconds"], s["head_manifest_seconds"], report["rerun"]["role_seconds"]))
     return 0
 

@@ -278,3 +278,33 @@ def test_corrupted_byte_in_flight_is_refused_and_never_renamed(model, tmp_path, 
         thread.join(5)
     assert not (dest / "a.safetensors").exists()
     assert not (dest / "a.safetensors.partial").exists()
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_early_writeback_advises_each_written_chunk_and_keeps_every_byte(tmp_path, monkeypatch, slots):
+    """With fsync on, writeback starts every WRITEBACK_CHUNK bytes (ranges contiguous from the start offset)."""
+    from ansible_collections.multinode.vllm.plugins.module_utils import _transfer
+
+    calls = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(_transfer, "WRITEBACK_CHUNK", 4000)
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, length, advice: (calls.append((off, length, advice)),
+                                                                              real(fd, off, length, advice))[1])
+    payload = os.urandom(10 * 1000 + 7)
+    left, right = socket.socketpair()
+    thread = threading.Thread(target=lambda: (right.sendall(payload), right.close()))
+    thread.start()
+    target = tmp_path / "out.bin"
+    fd = os.open(str(target), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"x" * 100)  # a resumed file: the advice starts at the current offset
+    try:
+        with left:
+            got = receive_stream(left, fd, hashlib.sha256(), len(payload), slot_size=1000, slots=slots,
+                                 early_writeback=True)
+    finally:
+        os.close(fd)
+        thread.join(10)
+    assert got == len(payload) and target.read_bytes() == b"x" * 100 + payload
+    assert [c[2] for c in calls] == [os.POSIX_FADV_DONTNEED] * len(calls) and len(calls) == 2
+    assert calls[0][0] == 100 and calls[1][0] == calls[0][0] + calls[0][1]
+    assert all(length >= 4000 for _off, length, _advice in calls)
