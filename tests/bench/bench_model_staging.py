@@ -12,8 +12,9 @@ In one run, side by side on the same spark1 -> spark2 fabric link:
      playbooks/model.yml: the worker's transfer throughput (receive + sha256 + write + fsync + rename),
      the role's wall time, the head's first hashing; then the same with model_fsync=false;
   3. the no-change re-run (the role's tasks only).
-BENCH_STREAMS sets model_transfer_streams (default 1). With BENCH_LINK_RATE (a tc rate such as ``2gbit``), spark1's fabric egress is shaped to it (tbf) for the whole run:
-a link slower than this machine's disk, as most fabrics are not but some links are, so that what is compared is
+BENCH_STREAMS sets model_transfer_streams (default 2, as the role). With BENCH_LINK_RATE (a tc rate such as ``2gbit``),
+spark1's fabric egress is shaped to it (tbf) for the whole run: a link slower than this machine's disk, as most
+fabrics are not but some links are, so that what is compared is
 the protocol's overhead, not the disk. Without it the veth runs at memory speed and the disk bounds staging.
 The model is generated in spark1's private /var/lib/multinode-vllm/models and deleted afterwards on both nodes.
 Prints one JSON object and the markdown rows for docs/benchmarks.md.
@@ -36,7 +37,7 @@ MIB = int(os.environ.get("BENCH_MODEL_MIB", "1088"))
 FILES = 4
 HEAD_IP, WORKER_IP, PORT = "198.18.200.12", "198.18.200.13", 29520
 LINK_RATE = os.environ.get("BENCH_LINK_RATE", "")
-STREAMS = int(os.environ.get("BENCH_STREAMS", "1"))  # model_transfer_streams
+STREAMS = int(os.environ.get("BENCH_STREAMS", "2"))  # model_transfer_streams (the role default)
 FABRIC_IF = "enp1s0f1np1"
 
 

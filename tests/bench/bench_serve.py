@@ -244,6 +244,7 @@ def main():
     run([LABCTL, "down"])
 
     ratio_a = coll["first"] / hand["first"]
+
     def median(values):
         ordered = sorted(values)
         mid = len(ordered) // 2
