@@ -63,7 +63,8 @@ def stop_listener(port: int) -> bool:
             conn.settimeout(1.0)
             conn.connect(control_address(port))
             conn.sendall(MAGIC + b" QUIT\n")
-            conn.recv(16)  # the listener closes once it has stopped serving
+            conn.settimeout(3.0)
+            conn.recv(16)  # the listener closes this connection only after its own sockets
         return True
     except OSError:
         return False
@@ -127,6 +128,9 @@ def serve(
     done: set[str] = set()
     stop = threading.Event()
     lock = threading.Lock()
+    # QUIT connections stay open until the listening sockets are closed, so that whoever asked to stop returns
+    # only once nothing listens any more (no select tick later).
+    quitters: list[socket.socket] = []
 
     def handle(conn: socket.socket) -> None:
         conn.settimeout(max(0.1, deadline - time.monotonic()))
@@ -146,12 +150,16 @@ def serve(
                             stop.set()
                     return
                 elif verb == b"QUIT":
+                    with lock:
+                        quitters.append(conn)
                     stop.set()
                     return
         except OSError:
             return
         finally:
-            conn.close()
+            with lock:
+                if conn not in quitters:
+                    conn.close()
 
     while not stop.is_set():
         remaining = deadline - time.monotonic()
@@ -182,6 +190,11 @@ def serve(
     udp.close()
     if control is not None:
         control.close()
+    # A QUIT handler thread may still be appending: give it the lock once, then answer every quitter.
+    time.sleep(0.05)
+    with lock:
+        for conn in quitters:
+            conn.close()
 
 
 def bind_control(port: int, wait: float = 3.0) -> socket.socket:

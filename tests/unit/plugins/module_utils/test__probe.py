@@ -549,3 +549,16 @@ def test_a_refusal_past_the_listener_wait_is_reported_with_the_wait():
     assert time.monotonic() - start >= 0.4
     assert result["tcp"]["error"] == (
         "connection refused on port %d (no probe listener there, or a firewall rejects it) for 0.4 s" % port)
+
+
+def test_stop_returns_only_once_nothing_listens(listener):
+    """The stop task's caller (and a test's `ss` right after it) sees the port free, not one select tick later."""
+    port, thread = listener("spark1", control=True)
+    assert stop_listener(port) is True
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        assert probe.connect_ex((LO, port)) != 0  # refused: the listening socket is already closed
+    finally:
+        probe.close()
+    thread.join(1.0)
+    assert not thread.is_alive()
