@@ -54,7 +54,7 @@ def vllm_rendezvous_errors(ranks, head_fabric_ip, head_mgmt_ip="", expected_host
     ranks = dict(ranks)
     errors = ["%s: no rank information (its connections were not read), so the rendezvous is not proven" % host
               for host in expected_hosts if host not in ranks]
-    for host, info in sorted(dict(ranks).items()):
+    for host, info in sorted(ranks.items()):
         error = rendezvous_check(str(host), int(info["rank"]), list(info.get("connections") or []),
                                  str(info["fabric_ip"]), str(head_fabric_ip), str(head_mgmt_ip or ""))
         if error:

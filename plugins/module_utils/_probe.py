@@ -129,8 +129,9 @@ def serve(
     stop = threading.Event()
     lock = threading.Lock()
     # QUIT connections stay open until the listening sockets are closed, so that whoever asked to stop returns
-    # only once nothing listens any more (no select tick later).
+    # only once nothing listens any more (no select tick later). Once closed, a late QUIT is answered at once.
     quitters: list[socket.socket] = []
+    closed = False
 
     def handle(conn: socket.socket) -> None:
         conn.settimeout(max(0.1, deadline - time.monotonic()))
@@ -158,7 +159,7 @@ def serve(
             return
         finally:
             with lock:
-                if conn not in quitters:
+                if closed or conn not in quitters:
                     conn.close()
 
     while not stop.is_set():
@@ -190,9 +191,8 @@ def serve(
     udp.close()
     if control is not None:
         control.close()
-    # A QUIT handler thread may still be appending: give it the lock once, then answer every quitter.
-    time.sleep(0.05)
     with lock:
+        closed = True
         for conn in quitters:
             conn.close()
 

@@ -160,13 +160,19 @@ def auth_state(env: dict[str, str], proc_root: str, pid: int) -> dict[str, Any]:
     return out
 
 
-def token_digest(path: str) -> str | None:
-    """sha256 of a token file's content without surrounding whitespace (what Ray reads); None when unreadable."""
+def _read_token(path: str) -> bytes | None:
+    """A token file's content without surrounding whitespace (what Ray reads); None when unreadable."""
     try:
         with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read().strip()).hexdigest()
+            return handle.read().strip()
     except OSError:
         return None
+
+
+def token_digest(path: str) -> str | None:
+    """sha256 of a token file's content (never the content); None when unreadable."""
+    token = _read_token(path)
+    return hashlib.sha256(token).hexdigest() if token is not None else None
 
 
 def token_file_state(path: str) -> dict[str, Any]:
@@ -175,11 +181,7 @@ def token_file_state(path: str) -> dict[str, Any]:
         st = os.stat(path)
     except OSError:
         return {"path": path, "exists": False, "sha256": None, "valid": False, "mode": None, "uid": None}
-    try:
-        with open(path, "rb") as handle:
-            token = handle.read().strip()
-    except OSError:
-        token = None
+    token = _read_token(path)
     return {"path": path, "exists": True,
             "sha256": hashlib.sha256(token).hexdigest() if token is not None else None,
             # What Ray and the deploy accept (>= 32 characters, no whitespace): only the verdict leaves the node.

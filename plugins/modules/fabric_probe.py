@@ -118,8 +118,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 listener_pid:
-  description: Pid of the detached listener (phase V(listen)).
-  returned: phase is listen
+  description: Pid of the detached listener (phase V(listen) or V(listen_probe)).
+  returned: phase is listen or listen_probe
   type: int
 peers:
   description: One result per peer (phase V(probe) or V(listen_probe)).

@@ -182,19 +182,10 @@ def alternate(cmds, rounds):
 
 
 def hand_launch(cmds):
-    env = ENV_WORDS
-    ssh("spark1", env + 'env "${E[@]}" ' + shlex.join(cmds[("spark1", "ray")]) + " >/tmp/hand-ray.log 2>&1")
-    ssh("spark2", env + 'env "${E[@]}" ' + shlex.join(cmds[("spark2", "ray")]) + " >/tmp/hand-ray.log 2>&1")
+    for node in ("spark1", "spark2"):
+        ssh(node, ENV_WORDS + 'env "${E[@]}" ' + shlex.join(cmds[(node, "ray")]) + " >/tmp/hand-ray.log 2>&1")
     hand_vllm(cmds)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        try:
-            if completion(16, timeout=60)["choices"][0]["text"]:
-                return
-        except Exception:  # noqa: BLE001 (not up yet)
-            pass
-        time.sleep(2)
-    raise SystemExit("hand-launched vLLM was not ready after 900 s; see /tmp/hand-vllm.log in spark1")
+    wait_ready("hand-launched vLLM (see /tmp/hand-vllm.log in spark1)")
 
 
 def measure(label, start_fn):
