@@ -4,15 +4,54 @@
 """Run a short-lived server detached from the module process.
 
 The fabric probe listener and the model sender both bind their sockets in the
-module (so errors surface as task failures), then serve from a grandchild that
-has its own session and /dev/null as stdio, so Ansible's connection can close.
+module (so errors surface as task failures), replacing a stale server of their
+own kind on the same port, then serve from a grandchild that has its own
+session and /dev/null as stdio, so Ansible's connection can close.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
-from typing import Callable, Sequence
+import time
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def bind_replacing(bind: Callable[[], T], quit_stale: Callable[[], object], wait: float = 3.0,
+                   tick: float = 0.1) -> T:
+    """Return ``bind()``; while its address is in use, ask the stale owner to quit (once) and retry.
+
+    ``bind`` closes whatever it opened before it raises. A stale server answers its quit at once but
+    frees the address only when its serve loop ends (up to one select tick later), hence the retries.
+    Raises the OSError: any other than EADDRINUSE at once, EADDRINUSE still there after ``wait`` s
+    (another program holds the address).
+    """
+    deadline = time.monotonic() + wait
+    asked = False
+    while True:
+        try:
+            return bind()
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            if not asked:
+                quit_stale()
+                asked = True
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(tick)
+
+
+def listen_error(exc: OSError, ip: str, port: int, option: str) -> str:
+    """What a failed bind on ip:port means for the user, and which variable fixes it."""
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "cannot listen on %s:%d: this host does not carry %s" % (ip, port, ip)
+    if exc.errno == errno.EADDRINUSE:
+        return "cannot listen on %s:%d: the port is in use by another program; choose another %s" % (ip, port, option)
+    return "cannot listen on %s:%d: %s" % (ip, port, exc.strerror)
 
 
 def run_detached(work: Callable[[], None], handed_over: Sequence[socket.socket]) -> int:

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ._detach import run_detached
+from ._detach import bind_replacing, listen_error, run_detached
 
 # Linux socket options for "do not fragment" on UDP (linux/in.h).
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
@@ -86,9 +86,7 @@ def _quit_stale_listener(ip: str, port: int) -> None:
 
 def bind_listener(ip: str, port: int, wait: float = 3.0) -> tuple[socket.socket, socket.socket]:
     """Bind the TCP and UDP listener sockets on ip:port, replacing a stale probe listener."""
-    deadline = time.monotonic() + wait
-    asked = False
-    while True:
+    def bind() -> tuple[socket.socket, socket.socket]:
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -96,23 +94,16 @@ def bind_listener(ip: str, port: int, wait: float = 3.0) -> tuple[socket.socket,
             tcp.bind((ip, port))
             udp.bind((ip, port))
             tcp.listen(64)
-            return tcp, udp
-        except OSError as exc:
+        except OSError:
             tcp.close()
             udp.close()
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise ProbeError("cannot listen on %s:%d: this host does not carry %s" % (ip, port, ip))
-            if exc.errno != errno.EADDRINUSE:
-                raise ProbeError("cannot listen on %s:%d: %s" % (ip, port, exc.strerror))
-            if not asked:
-                _quit_stale_listener(ip, port)
-                asked = True
-            if time.monotonic() > deadline:
-                raise ProbeError(
-                    "cannot listen on %s:%d: the port is in use by another program; choose another "
-                    "fabric_probe_port" % (ip, port)
-                )
-            time.sleep(0.2)
+            raise
+        return tcp, udp
+
+    try:
+        return bind_replacing(bind, lambda: _quit_stale_listener(ip, port), wait, tick=0.2)
+    except OSError as exc:
+        raise ProbeError(listen_error(exc, ip, port, "fabric_probe_port"))
 
 
 def serve(
@@ -198,25 +189,21 @@ def serve(
 
 
 def bind_control(port: int, wait: float = 3.0) -> socket.socket:
-    deadline = time.monotonic() + wait
-    asked = False
-    while True:
+    """Bind the listener's control socket, asking a running listener on ``port`` to quit."""
+    def bind() -> socket.socket:
         control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             control.bind(control_address(port))
-            break
-        except OSError as exc:
+            control.listen(8)
+        except OSError:
             control.close()
-            if not asked:
-                # A stale listener answers QUIT at once but frees the name only when its
-                # serve loop ends (up to one select tick later): retry until the deadline.
-                stop_listener(port)
-                asked = True
-            if time.monotonic() > deadline:
-                raise ProbeError("cannot create the probe's control socket for port %d: %s" % (port, exc))
-            time.sleep(0.1)
-    control.listen(8)
-    return control
+            raise
+        return control
+
+    try:
+        return bind_replacing(bind, lambda: stop_listener(port), wait)
+    except OSError as exc:
+        raise ProbeError("cannot create the probe's control socket for port %d: %s" % (port, exc))
 
 
 def spawn_listener(

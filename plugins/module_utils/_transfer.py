@@ -23,7 +23,6 @@ The token is random per run, lives only in the sender's memory and the tasks' (n
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import hmac
 import json
@@ -36,7 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ansible_collections.multinode.vllm.plugins.module_utils._detach import run_detached
+from ansible_collections.multinode.vllm.plugins.module_utils._detach import bind_replacing, listen_error, run_detached
 from ansible_collections.multinode.vllm.plugins.module_utils._manifest import (
     PARTIAL_SUFFIX,
     ManifestError,
@@ -203,9 +202,7 @@ class Sender:
 
 def bind_sender(ip: str, port: int, wait: float = 3.0) -> tuple[socket.socket, socket.socket]:
     """Bind the control socket and the TCP listener; a stale sender on the port is asked to quit."""
-    deadline = time.monotonic() + wait
-    asked = False
-    while True:
+    def bind() -> tuple[socket.socket, socket.socket]:
         control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -214,21 +211,16 @@ def bind_sender(ip: str, port: int, wait: float = 3.0) -> tuple[socket.socket, s
             tcp.bind((ip, port))
             control.listen(8)
             tcp.listen(64)
-            return tcp, control
-        except OSError as exc:
+        except OSError:
             control.close()
             tcp.close()
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise TransferError("cannot listen on %s:%d: this host does not carry %s" % (ip, port, ip))
-            if exc.errno not in (errno.EADDRINUSE,):
-                raise TransferError("cannot listen on %s:%d: %s" % (ip, port, exc.strerror))
-            if not asked:
-                stop_sender(port, None)
-                asked = True
-            if time.monotonic() > deadline:
-                raise TransferError("cannot listen on %s:%d: the port is in use; choose another "
-                                    "model_transfer_port" % (ip, port))
-            time.sleep(0.1)
+            raise
+        return tcp, control
+
+    try:
+        return bind_replacing(bind, lambda: stop_sender(port, None), wait)
+    except OSError as exc:
+        raise TransferError(listen_error(exc, ip, port, "model_transfer_port"))
 
 
 def spawn_sender(ip: str, port: int, root: str, files: Sequence[str], token: str, peers: Mapping[str, str],
