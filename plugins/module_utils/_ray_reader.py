@@ -4,8 +4,9 @@
 """The reader of Ray's node table that ray_verify runs under the node's Python.
 
 ``READER`` is source text, not code of this module: ray_verify runs it as
-``<python> -c READER <gcs address> <timeout>`` with the node venv's interpreter
-(or ``docker exec <container> python``), where Ray is importable.
+``<python> -c READER <gcs address> <timeout> [<nodes to wait for> <seconds to wait>]`` with the node venv's
+interpreter (or ``docker exec <container> python``), where Ray is importable. Waiting for the nodes to join
+happens inside that one process (one Ray import, the table read every 0.2 s), not by starting it again.
 """
 
 from __future__ import annotations
@@ -40,18 +41,29 @@ try:
     except AttributeError as exc:
         print(json.dumps({"error": "api", "detail": str(exc), "ray_version": version}))
         sys.exit(0)
-    info = read(timeout=float(sys.argv[2]))
-    nodes = []
-    for node_id, node in info.items():
-        nodes.append({
-            "node_id": node_id.hex() if hasattr(node_id, "hex") else str(node_id),
-            "node_manager_address": node.node_manager_address,
-            "alive": node.state == alive_state,
-            "resources": dict(node.resources_total),
-            "is_head": bool(getattr(node, "is_head_node", False)),
-        })
+    import time
+    wait_nodes = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    deadline = time.monotonic() + (float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
+    alive_seen = []
+    while True:
+        info = read(timeout=float(sys.argv[2]))
+        nodes = []
+        for node_id, node in info.items():
+            nodes.append({
+                "node_id": node_id.hex() if hasattr(node_id, "hex") else str(node_id),
+                "node_manager_address": node.node_manager_address,
+                "alive": node.state == alive_state,
+                "resources": dict(node.resources_total),
+                "is_head": bool(getattr(node, "is_head_node", False)),
+            })
+        alive = sum(1 for node in nodes if node["alive"])
+        if not alive_seen or alive_seen[-1] != alive:
+            alive_seen.append(alive)
+        if alive >= wait_nodes or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
 except Exception as exc:
     print(json.dumps({"error": "read", "detail": "%s: %s" % (type(exc).__name__, exc), "ray_version": version}))
     sys.exit(0)
-print(json.dumps({"ray_version": version, "nodes": nodes}))
+print(json.dumps({"ray_version": version, "nodes": nodes, "alive_seen": alive_seen}))
 """

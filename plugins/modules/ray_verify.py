@@ -144,7 +144,6 @@ ray_version:
 import json
 import os
 import subprocess
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -165,18 +164,20 @@ class ReadError(Exception):
     pass
 
 
-def read_nodes(python, address, timeout, environment):
-    cmd = list(python) + ["-c", READER, address, str(timeout)]
+def read_nodes(python, address, timeout, environment, wait_for_nodes=0, wait_timeout=0.0):
+    """(ray version, nodes, alive counts seen): one reader process, which waits for wait_for_nodes alive nodes."""
+    cmd = list(python) + ["-c", READER, address, str(timeout), str(int(wait_for_nodes)), str(float(wait_timeout))]
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (environment or {}).items()})
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 15, env=env, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + wait_timeout + 15, env=env,
+                              check=False)
     except FileNotFoundError:
         raise ReadError("cannot run %s: not found; set python to the node venv's interpreter (or docker exec ...)"
                         % " ".join(python))
     except subprocess.TimeoutExpired:
         raise ReadError("reading Ray's node table from %s took longer than %s s; is GCS running and reachable on "
-                        "that address?" % (address, timeout + 15))
+                        "that address?" % (address, timeout + wait_timeout + 15))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise ReadError("the node table reader (%s) exited %d without output: %s"
@@ -196,26 +197,19 @@ def read_nodes(python, address, timeout, environment):
     if error == "read":
         raise ReadError("could not read Ray's node table from GCS at %s within %s s (%s); is the head running with "
                         "--node-ip-address on that address?" % (address, timeout, data.get("detail")))
-    return data.get("ray_version"), data.get("nodes") or []
+    return data.get("ray_version"), data.get("nodes") or [], data.get("alive_seen") or []
 
 
 def run(module):
     p = module.params
-    progress = []
-    deadline = time.monotonic() + p["wait_timeout"]
-    last = None
     environment = dict(p["environment"])
     if p["auth_token_file"] and os.path.isfile(p["auth_token_file"]):
         environment.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=p["auth_token_file"])
-    while True:
-        version, nodes = read_nodes(p["python"], p["address"], p["timeout"], environment)
-        alive = alive_count(nodes)
-        if p["wait_for_nodes"] and alive != last:
-            progress.append("%d/%d nodes joined" % (min(alive, p["wait_for_nodes"]), p["wait_for_nodes"]))
-            last = alive
-        if alive >= p["wait_for_nodes"] or time.monotonic() >= deadline:
-            break
-        time.sleep(1)
+    version, nodes, alive_seen = read_nodes(p["python"], p["address"], p["timeout"], environment,
+                                            p["wait_for_nodes"], p["wait_timeout"] if p["wait_for_nodes"] else 0.0)
+    alive = alive_count(nodes)
+    progress = (["%d/%d nodes joined" % (min(seen, p["wait_for_nodes"]), p["wait_for_nodes"]) for seen in alive_seen]
+                if p["wait_for_nodes"] else [])
     result = dict(changed=False, nodes=nodes, ray_version=version, alive=alive, progress=progress, errors=[])
     # hosts: {host: {fabric_ip|ip, mgmt_ip}} (multinode_fabric facts fit as they are).
     inventory = {}

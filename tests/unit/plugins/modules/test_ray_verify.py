@@ -55,8 +55,9 @@ class GcsClient:
 
 
 def test_reads_the_node_table(tmp_path, listener):
-    version, nodes = read_nodes(PY, listener, 5, fake_ray(tmp_path, NODE))
+    version, nodes, alive_seen = read_nodes(PY, listener, 5, fake_ray(tmp_path, NODE))
     assert version == "9.9.9"
+    assert alive_seen == [1]  # no wait asked: one read
     assert nodes == [
         {"node_id": "01", "node_manager_address": "198.18.200.12", "alive": True, "resources": {"GPU": 1.0},
          "is_head": True},
@@ -100,3 +101,40 @@ def test_reader_raises(tmp_path, listener):
     env = fake_ray(tmp_path, "class GcsClient:\n    def __init__(self, address):\n        raise RuntimeError('boom')\n")
     with pytest.raises(ReadError, match="could not read Ray's node table .*RuntimeError: boom"):
         read_nodes(PY, listener, 2, env)
+
+
+JOINING = """
+import os
+class Info:
+    def __init__(self, addr, state):
+        self.node_manager_address = addr
+        self.state = state
+        self.resources_total = {"GPU": 1.0}
+class GcsClient:
+    reads = 0
+    def __init__(self, address):
+        pass
+    def get_all_node_info(self, timeout=None):
+        GcsClient.reads += 1
+        with open(os.environ["READS_FILE"], "w") as handle:
+            handle.write(str(GcsClient.reads))
+        # the worker registers on the third read
+        worker = 0 if GcsClient.reads >= 3 else 1
+        return {b"\\x01": Info("198.18.200.12", 0), b"\\x02": Info("198.18.200.13", worker)}
+"""
+
+
+def test_waits_for_the_nodes_in_one_reader_process(tmp_path, listener):
+    env = dict(fake_ray(tmp_path, JOINING), READS_FILE=str(tmp_path / "reads"))
+    version, nodes, alive_seen = read_nodes(PY, listener, 5, env, wait_for_nodes=2, wait_timeout=10)
+    assert alive_seen == [1, 2]
+    assert [n["alive"] for n in nodes] == [True, True]
+    assert (tmp_path / "reads").read_text() == "3"  # one process read three times (a new process would count from 1)
+
+
+def test_gives_up_waiting_at_the_deadline(tmp_path, listener):
+    env = dict(fake_ray(tmp_path, JOINING.replace(">= 3", ">= 10**9")), READS_FILE=str(tmp_path / "reads"))
+    version, nodes, alive_seen = read_nodes(PY, listener, 5, env, wait_for_nodes=2, wait_timeout=0.5)
+    assert alive_seen == [1]
+    assert [n["alive"] for n in nodes] == [True, False]
+    assert 2 <= int((tmp_path / "reads").read_text()) <= 5  # polled every 0.2 s for 0.5 s
