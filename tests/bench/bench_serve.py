@@ -39,7 +39,7 @@ API = "http://198.19.1.10:8000"
 MODEL = "tiny"
 BURST = int(os.environ.get("BURST", "12"))
 SETTLE = float(os.environ.get("SETTLE", "10"))
-ROUNDS = int(os.environ.get("ROUNDS", "2"))  # hand/collection alternations for (b)
+ROUNDS = int(os.environ.get("ROUNDS", "4"))  # hand/collection alternations for (b)
 PAIRS = int(os.environ.get("PAIRS", "2"))  # hand/collection deploy pairs for (a) (H C H C ...)
 ENV = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PYTHONPATH=str(ROOT / ".cache" / "collections"),
            ANSIBLE_NOCOLOR="1")
