@@ -173,7 +173,9 @@ def rank_problems(result: Optional[Mapping[str, Any]], host: str, fabric_interfa
     if error and result.get("error_phase") == "import":
         problems.append("%s: torch is not importable by the runtime's interpreter %s (%s); the runtime must "
                         "provide torch, the preflight does not install it" % (host, result.get("python"), error))
-    elif error and result.get("error_phase") == "verify":
+    elif error and result.get("error_phase") == "verify" and (
+            (result.get("verify") or {}).get("ok") is False or error.startswith("all-reduce returned a wrong sum")):
+        # A wrong sum only; a rank that hung or raised in verify is the rendezvous message's to explain.
         problems.append("%s: %s" % (host, error))
     return problems
 
@@ -183,16 +185,22 @@ def _pair_message(host: str, result: Mapping[str, Any], head: str, timeout: Opti
     iface, variable = _iface_phrase(result)
     fabric_if = result.get("fabric_interface") or "?"
     where = _rendezvous(result)
+    error = result.get("error") or ""
+    phase = result.get("error_phase") or result.get("phase")
+    if iface and variable == "NCCL_SOCKET_IFNAME" and phase != "init":
+        # The group formed (the TCPStore and Gloo are on the fabric); NCCL's own sockets are not
+        # (seen on an H200 with NCCL 2.28: the first all-reduce hangs until the deadline).
+        return ("%s joined the rendezvous at %s, but NCCL's connections from interface %s (%s) did not reach the "
+                "other ranks (phase %s: %s); the fabric interface is %s" % (
+                    host, where, iface, variable, phase, error, fabric_if))
     if iface:
         return "%s could not reach the rendezvous at %s from interface %s (%s); the fabric interface is %s" % (
             host, where, iface, variable, fabric_if)
     route = result.get("route_to_head") or {}
-    error = result.get("error") or ""
     via = route.get("interface") or fabric_if
     if "refused" in error.lower():
         return ("%s could not reach the rendezvous at %s from interface %s: connection refused (nothing listens on "
                 "port %s on %s; did %s's rank start?)" % (host, where, via, result.get("port"), head, head))
-    phase = result.get("error_phase") or result.get("phase")
     if phase == "init" and _timed_out(error):
         return ("%s could not reach the rendezvous at %s from interface %s within %s s: port %s on %s's fabric "
                 "address does not answer (a firewall dropping it?)" % (

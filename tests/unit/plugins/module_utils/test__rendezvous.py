@@ -260,6 +260,28 @@ def test_cluster_problems(name, changes, expected_first, expected_also):
         assert any(fragment in p for p in problems), (fragment, problems)
 
 
+def test_nccl_off_the_fabric_after_the_group_formed_is_one_cause_not_three_deadlines():
+    # The shape seen on an H200 (NCCL 2.28.9, two namespaces, tests/gpu/preflight_two_namespaces.py): the worker's
+    # NCCL_SOCKET_IFNAME on its management NIC; the TCPStore and Gloo group formed over the fabric, the first NCCL
+    # all-reduce hung until both ranks' deadline.
+    deadline = "the rank did not finish before its deadline (30 s) in phase verify"
+    results = _ok()
+    for host in results:
+        results[host] = _rank(host, results[host]["rank"], results[host]["fabric_ip"], ok=False, backend="nccl",
+                              backends=["nccl", "gloo"], phase="verify", error=deadline, error_phase="verify")
+    results["spark2"]["nccl"] = nccl_selection("=eth0", SPARK2, "198.18.200.13")
+    problems = cluster_problems(results, "spark1", {"spark1": FABRIC, "spark2": FABRIC}, 30)
+    assert problems == [
+        "spark2 joined the rendezvous at 198.18.200.12:29600, but NCCL's connections from interface eth0 "
+        "(NCCL_SOCKET_IFNAME) did not reach the other ranks (phase verify: %s); the fabric interface is "
+        "enp1s0f1np1" % deadline,
+        "spark2: NCCL_SOCKET_IFNAME==eth0 selects interface eth0 (198.19.2.10), not the fabric address "
+        "198.18.200.13; the fabric interface is enp1s0f1np1 (198.18.200.13)",
+        "spark1 (rank 0, the rendezvous at 198.18.200.12:29600) failed in phase verify waiting for spark2: "
+        + deadline,
+    ]
+
+
 def test_interface_off_the_fabric_fails_even_when_the_two_rank_rendezvous_passed():
     # Measured in the lab: with only the worker's Gloo on eth0, a 2-rank group
     # still forms (the worker dials the head's fabric address); the
