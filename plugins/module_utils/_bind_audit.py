@@ -34,8 +34,10 @@ _UDP_UNCONNECTED = "07"
 DEFAULT_PATTERNS = (
     # Ray's native daemons and vLLM/torch entry points, by process name (comm, at most 15 characters).
     r"^(raylet|gcs_server|plasma_store|ray|vllm|torchrun)$",
-    # Ray workers and agents rename themselves ray::<Actor>.
-    r"^ray::",
+    # Ray workers and agents rename themselves ray::<Actor>; vLLM's engine and worker processes
+    # VLLM::EngineCore, VLLM::Worker_TP0 (VLLM_PROCESS_NAME_PREFIX; the EngineCore, a Ray driver, listens on a
+    # wildcard port of the Ray worker range).
+    r"^(ray|VLLM)::",
     # Python processes running Ray, vLLM, torch or this collection: site-packages/ray/..., -m vllm.entrypoints...,
     # torch.distributed.run, /opt/multinode-vllm/...
     r"(^|[\s/])(ray|vllm|torch|multinode[\w.-]*)([\s/.]|$)",

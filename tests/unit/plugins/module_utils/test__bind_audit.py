@@ -265,6 +265,9 @@ def test_scope_cluster_ignores_other_processes_and_all_judges_them():
     ("raylet", SP + "/core/src/ray/raylet/raylet --node_ip_address=198.18.200.12", True),
     ("gcs_server", SP + "/core/src/ray/gcs/gcs_server --node-ip-address=198.18.200.12", True),
     ("ray::DashboardA", "ray::DashboardAgent", True),
+    # vLLM's setproctitle names (seen in the lab listening on *:19620 while serving through Ray).
+    ("VLLM::EngineCor", "VLLM::EngineCore", True),
+    ("VLLM::Worker_TP", "VLLM::Worker_TP1", True),
     ("python", PY + " -m ray.util.client.server --host=198.18.200.12 --port=10001", True),
     ("python", PY + " " + SP + "/dashboard/dashboard.py --host=127.0.0.1 --port=8265", True),
     ("ray", PY + " /var/lib/multinode-vllm-lab/cache/node-venv/bin/ray start --head", True),
