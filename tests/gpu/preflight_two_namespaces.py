@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULE = os.path.join(REPO, "plugins", "modules", "distributed_preflight.py")
@@ -75,21 +76,20 @@ NCCL_LINE_KEYS = ("NET/Socket", "via NET", "Using network", "NCCL_SOCKET_IFNAME"
 
 def _pyroute2():
     try:
-        import pyroute2  # noqa: F401
         from pyroute2 import IPRoute, NetNS, netns
     except ImportError as exc:
         sys.exit("pyroute2 is needed to build the namespaces (%s); pip install pyroute2" % exc)
-    return IPRoute, NetNS, netns
+    return types.SimpleNamespace(IPRoute=IPRoute, NetNS=NetNS, netns=netns)
 
 
 def lab_down():
-    IPRoute, _, netns = _pyroute2()
-    present = set(netns.listnetns())
+    pr2 = _pyroute2()
+    present = set(pr2.netns.listnetns())
     for name in NAMESPACE.values():
         if name in present:
-            netns.remove(name)
+            pr2.netns.remove(name)
     # The kernel frees a namespace (and the veths in it) later; the peers left here go now.
-    with IPRoute() as ipr:
+    with pr2.IPRoute() as ipr:
         for name in ("mnvgpu-a", "mnvgpu-b", "mnvgpu-ap", "mnvgpu-bp", "mnvgpu-am", "mnvgpu-bm"):
             for index in ipr.link_lookup(ifname=name):
                 ipr.link("del", index=index)
@@ -97,11 +97,11 @@ def lab_down():
 
 def lab_up():
     """Two namespaces, fabric0 (one veth pair between them) and mgmt0 (default route, leads nowhere), lo up."""
-    IPRoute, NetNS, netns = _pyroute2()
+    pr2 = _pyroute2()
     lab_down()
     for name in NAMESPACE.values():
-        netns.create(name)
-    with IPRoute() as ipr:
+        pr2.netns.create(name)
+    with pr2.IPRoute() as ipr:
         ipr.link("add", ifname="mnvgpu-a", kind="veth", peer="mnvgpu-b")
         for host, tmp in zip(HOSTS, ("mnvgpu-a", "mnvgpu-b")):
             ipr.link("set", index=ipr.link_lookup(ifname=tmp)[0], net_ns_fd=NAMESPACE[host])
@@ -110,7 +110,7 @@ def lab_up():
             ipr.link("set", index=ipr.link_lookup(ifname=tmp + "p")[0], state="up")
             ipr.link("set", index=ipr.link_lookup(ifname=tmp + "m")[0], net_ns_fd=NAMESPACE[host])
     for host, tmp in zip(HOSTS, ("mnvgpu-a", "mnvgpu-b")):
-        with NetNS(NAMESPACE[host]) as ns:
+        with pr2.NetNS(NAMESPACE[host]) as ns:
             lo = ns.link_lookup(ifname="lo")[0]
             ns.link("set", index=lo, state="up")
             fab = ns.link_lookup(ifname=tmp)[0]
@@ -128,8 +128,7 @@ def lab_up():
 
 def enter(name, argv):
     """Run argv inside namespace ``name`` (what ``ip netns exec`` does for the network)."""
-    _, _, netns = _pyroute2()
-    netns.setns(name)
+    _pyroute2().netns.setns(name)
     os.execvp(argv[0], argv)
 
 
@@ -244,8 +243,8 @@ def raw_tcp(args):
                             stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
     send = subprocess.run(enter_cmd + [NAMESPACE["spark2"], "--", sys.executable, tool, "send", head_ip, "29700",
-                                       str(args.baseline_mib)], capture_output=True, text=True, timeout=120)
-    out, _ = recv.communicate(timeout=120)
+                                       str(args.baseline_mib)], capture_output=True, text=True, timeout=120, check=False)
+    out = recv.communicate(timeout=120)[0]
     return {"recv": json.loads(out.strip().splitlines()[-1]) if out.strip() else None,
             "send_rc": send.returncode, "send": send.stdout.strip()[-300:] or send.stderr.strip()[-300:]}
 
@@ -283,7 +282,7 @@ def judge(args, outcome):
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--enter":
         return enter(sys.argv[2], sys.argv[4:])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     parser.add_argument("--gpus", default="0,0", help="CUDA device of spark1,spark2 (nccl)")
     parser.add_argument("--interpreter", default=sys.executable, help="the runtime's python (torch)")

@@ -38,7 +38,7 @@ def test_the_harness_passes_on_the_fabric_and_names_the_worker_off_it(tmp_path):
     run = subprocess.run(
         [sys.executable, str(HARNESS), "--backend", "gloo", "--interpreter", _node_python(), "--size-mib", "8",
          "--misconfigured-timeout", "15", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONPATH=""))
+        capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONPATH=""), check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     fabric, misconfigured = report["outcomes"]
