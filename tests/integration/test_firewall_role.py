@@ -94,6 +94,11 @@ all:
     fabric_cidr: 10.77.4.0/24
     firewall_enabled: true
     firewall_state_dir: {state_dir}
+    # The kept table in the test's directory; no systemd here, so no boot unit (its text is unit-tested and
+    # checked with systemd-analyze verify).
+    firewall_persist: true
+    firewall_persist_unit: false
+    firewall_persist_path: {tmp_path / 'kept' / 'multinode_vllm.nft'}
   children:
     ray_head:
       hosts:
@@ -130,6 +135,10 @@ def _play(where, *args):
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
+def _without_counts(listing):
+    return re.sub(r"packets \d+ bytes \d+", "", listing)
+
+
 def _recap(output):
     match = re.search(r"node\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output)
     assert match, output
@@ -138,17 +147,25 @@ def _recap(output):
 
 def test_role_applies_confirms_is_idempotent_and_rolls_back_a_lockout(node):
     rc, out, dummy = _play(node, "--check", "--diff")
-    assert rc == 0 and _recap(out)["changed"] == 1, out
+    assert rc == 0 and _recap(out)["changed"] == 3, out  # the table, the kept table's directory and file
     assert "+\t\tiifname \"mgmt0\" tcp dport { 22, 8000 } accept" in out, out  # head: SSH and the API port
-    assert _listing() is None  # check mode changed nothing
+    assert _listing() is None and not (node / "kept").exists()  # check mode changed nothing
 
     rc, out, seconds = _play(node)
     assert rc == 0, out
-    assert "Confirm the firewall change" in out and _recap(out)["changed"] == 1, out
+    assert "Confirm the firewall change" in out and _recap(out)["changed"] == 3, out
     listing = _listing()
     assert 'iifname "fab0" ip saddr { 10.77.4.1, 10.77.4.2 } accept' in listing
     assert 'iifname "mgmt0" tcp dport { 22, 8000 } accept' in listing
     print("first apply with confirm: %.1f s" % seconds)
+
+    # Kept for the next boot: a reboot empties the ruleset; loading the kept file gives the same table back.
+    kept = node / "kept" / "multinode_vllm.nft"
+    assert oct(kept.stat().st_mode & 0o777) == "0o600" and oct(kept.parent.stat().st_mode & 0o777) == "0o700"
+    _in(NS_A, "nft", "delete", "table", "inet", "multinode_vllm")
+    assert _listing() is None
+    _in(NS_A, "nft", "-f", str(kept))
+    assert _without_counts(_listing()) == _without_counts(listing)
 
     rc, out, dummy = _play(node)
     assert rc == 0 and _recap(out)["changed"] == 0, out  # idempotent
@@ -170,9 +187,12 @@ def test_role_applies_confirms_is_idempotent_and_rolls_back_a_lockout(node):
     after = marker["rolled_back_at"] - marker["applied_at"]
     assert marker["rc"] == 0 and 8 <= after <= 11, marker
     print("lockout run: %.1f s; the host rolled back %.1f s after applying" % (seconds, after))
+    # The table that locked the controller out was never kept: the next boot loads the last confirmed one.
+    assert 'iifname "mgmt9"' not in kept.read_text() and 'iifname "mgmt0" tcp dport { 22, 8000 }' in kept.read_text()
 
     rc, out, dummy = _play(node)  # the controller gets in again; the restored table is the wanted one
     assert rc == 0 and _recap(out)["changed"] == 0, out
 
     rc, out, dummy = _play(node, "-e", "firewall_state=absent")
-    assert rc == 0 and _recap(out)["changed"] == 1 and _listing() is None, out
+    assert rc == 0 and _recap(out)["changed"] == 2 and _listing() is None, out  # the table, the kept file
+    assert not kept.exists()

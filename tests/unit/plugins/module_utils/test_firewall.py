@@ -9,11 +9,14 @@ import shutil
 import subprocess
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
+from ansible_collections.multinode.vllm.plugins.filter.firewall_boot_unit import firewall_boot_unit
 from ansible_collections.multinode.vllm.plugins.filter.firewall_errors import firewall_errors
 from ansible_collections.multinode.vllm.plugins.filter.firewall_ruleset import firewall_ruleset
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
 from ansible_collections.multinode.vllm.plugins.module_utils._firewall import (
+    boot_unit,
     build_spec,
     check_spec,
     cluster_ips,
@@ -205,8 +208,6 @@ def test_cluster_ips_prefers_facts_then_inventory():
 
 
 def test_filters_resolve_cluster_hosts_and_raise_on_bad_input():
-    from ansible.errors import AnsibleFilterError
-
     hostvars = {"spark1": {"multinode_fabric": {"ip": "198.18.200.12"}}, "spark2": {"fabric_ip": "198.18.200.13"}}
     spec = _data(cluster_hosts=["spark1", "spark2"])
     del spec["cluster"]
@@ -244,3 +245,48 @@ def test_rendered_ruleset_loads_in_a_scratch_namespace():
     assert proc.returncode == 0, proc.stderr
     assert 'iifname "eth0" tcp dport { 22, 8000 } accept' in proc.stdout
     assert "policy drop;" in proc.stdout
+
+
+def _unit_keys(text):
+    keys = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            keys.setdefault(key, []).append(value)
+    return keys
+
+
+def test_boot_unit_loads_the_kept_table_before_the_network_and_the_cluster():
+    keys = _unit_keys(boot_unit("/etc/multinode-vllm/firewall/multinode_vllm.nft"))
+    assert keys["ExecStart"] == ["/usr/sbin/nft -f /etc/multinode-vllm/firewall/multinode_vllm.nft"]
+    assert keys["Type"] == ["oneshot"] and keys["RemainAfterExit"] == ["yes"]
+    assert keys["DefaultDependencies"] == ["no"]
+    before = keys["Before"][0].split()
+    assert {"network-pre.target", "docker.service", "multinode-ray.service", "multinode-vllm.service"} <= set(before)
+    # Closed, not open: the systemd runtime's units need it; Docker is ordered after it only.
+    assert keys["RequiredBy"] == ["multinode-ray.service multinode-vllm.service"]
+    assert keys["WantedBy"] == ["sysinit.target"]
+    # A missing file must fail the load (and so the cluster's units), not skip it.
+    assert "ConditionPathExists" not in keys
+
+
+@pytest.mark.parametrize("path, nft", [("relative.nft", "/usr/sbin/nft"), ("/etc/a b.nft", "/usr/sbin/nft"),
+                                       ("/etc/50%.nft", "/usr/sbin/nft"), ("/etc/x.nft", "nft")])
+def test_boot_unit_refuses_paths_systemd_would_read_otherwise(path, nft):
+    with pytest.raises(FabricError, match="absolute path"):
+        boot_unit(path, nft)
+    with pytest.raises(AnsibleFilterError, match="absolute path"):
+        firewall_boot_unit(path, nft)
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze") or not shutil.which("nft"), reason="needs systemd-analyze, nft")
+def test_boot_unit_passes_systemd_analyze_verify(tmp_path):
+    kept = tmp_path / "multinode_vllm.nft"
+    kept.write_text(render_ruleset(build_spec(_data())))
+    unit = tmp_path / "multinode-vllm-firewall.service"
+    unit.write_text(boot_unit(str(kept), shutil.which("nft")))
+    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    # An unknown key or a bad value is only a warning naming the file (the exit status stays 0).
+    assert str(unit) not in proc.stderr, proc.stderr
