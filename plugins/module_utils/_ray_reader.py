@@ -6,7 +6,8 @@
 ``READER`` is source text, not code of this module: ray_verify runs it as
 ``<python> -c READER <gcs address> <timeout> [<nodes to wait for> <seconds to wait>]`` with the node venv's
 interpreter (or ``docker exec <container> python``), where Ray is importable. Waiting for the nodes to join
-happens inside that one process (one Ray import, the table read every 0.2 s), not by starting it again.
+happens inside that one process (one Ray import, the table read every 0.2 s; a read that fails inside the wait
+window, as a GCS that has just started can, is read again), not by starting it again.
 """
 
 from __future__ import annotations
@@ -46,7 +47,14 @@ try:
     deadline = time.monotonic() + (float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
     alive_seen = []
     while True:
-        info = read(timeout=float(sys.argv[2]))
+        try:
+            info = read(timeout=float(sys.argv[2]))
+        except Exception:
+            # A GCS that has just (re)started can fail a read for a moment: inside the wait window, read again.
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            raise
         nodes = []
         for node_id, node in info.items():
             nodes.append({

@@ -138,3 +138,18 @@ def test_gives_up_waiting_at_the_deadline(tmp_path, listener):
     assert alive_seen == [1]
     assert [n["alive"] for n in nodes] == [True, False]
     assert 2 <= int((tmp_path / "reads").read_text()) <= 5  # polled every 0.2 s for 0.5 s
+
+
+def test_a_failed_read_inside_the_wait_window_is_read_again(tmp_path, listener):
+    flaky = JOINING.replace("        # the worker registers on the third read",
+                            "        if GcsClient.reads <= 2:\n"
+                            "            raise RuntimeError('GCS is not ready yet')\n"
+                            "        # the worker registers on the third read")
+    env = dict(fake_ray(tmp_path, flaky), READS_FILE=str(tmp_path / "reads"))
+    version, nodes, alive_seen = read_nodes(PY, listener, 5, env, wait_for_nodes=2, wait_timeout=10)
+    assert [n["alive"] for n in nodes] == [True, True] and alive_seen == [2]
+    assert (tmp_path / "reads").read_text() == "3"
+    # Without a wait window (or once it is over) the same failure is reported at once, as before.
+    (tmp_path / "reads").unlink()
+    with pytest.raises(ReadError, match="GCS is not ready yet"):
+        read_nodes(PY, listener, 5, env)
