@@ -319,7 +319,6 @@ def render_ruleset(spec: FirewallSpec) -> str:
 # After a reboot
 # ---------------------------------------------------------------------------
 
-BOOT_UNIT = "multinode-vllm-firewall.service"
 # The units of the systemd runtime (roles ray and serve): they need the table loaded first.
 CLUSTER_UNITS = ("multinode-ray.service", "multinode-vllm.service")
 
