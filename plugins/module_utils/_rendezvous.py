@@ -173,9 +173,9 @@ def rank_problems(result: Optional[Mapping[str, Any]], host: str, fabric_interfa
     if error and result.get("error_phase") == "import":
         problems.append("%s: torch is not importable by the runtime's interpreter %s (%s); the runtime must "
                         "provide torch, the preflight does not install it" % (host, result.get("python"), error))
-    elif error and result.get("error_phase") == "verify" and (
-            (result.get("verify") or {}).get("ok") is False or error.startswith("all-reduce returned a wrong sum")):
-        # A wrong sum only; a rank that hung or raised in verify is the rendezvous message's to explain.
+    elif error and result.get("error_phase") == "verify" and (result.get("verify") or {}).get("ok") is False:
+        # A wrong sum only (the rank records the checked sums before it fails); a rank that hung or raised in
+        # verify is the rendezvous message's to explain.
         problems.append("%s: %s" % (host, error))
     return problems
 

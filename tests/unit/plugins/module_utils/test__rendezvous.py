@@ -241,7 +241,10 @@ TIMEOUT = "RuntimeError: Timed out after 56 seconds waiting for clients. 1/2 cli
         ),
         (
             "wrong sum",
-            {"spark2": dict(ok=False, error="all-reduce returned a wrong sum", error_phase="verify", phase="verify")},
+            # As the rank reports it: the checked sums, then the error.
+            {"spark2": dict(ok=False, error="all-reduce returned a wrong sum", error_phase="verify", phase="verify",
+                            verify={"ok": False, "groups": [{"group": "default", "expected": 3.0, "min": 2.0,
+                                                             "max": 2.0, "ok": False}]})},
             "spark2 failed the rendezvous at 198.18.200.12:29600 from interface enp1s0f1np1 in phase verify",
             ["spark2: all-reduce returned a wrong sum"],
         ),
