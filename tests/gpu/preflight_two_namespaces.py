@@ -65,6 +65,7 @@ FABRIC_IF = "fabric0"
 MGMT_IF = "mgmt0"
 FABRIC = {"spark1": "198.18.210.1/24", "spark2": "198.18.210.2/24"}
 FABRIC_CIDR = "198.18.210.0/24"
+HEAD_IP = str(ipaddress.IPv4Interface(FABRIC[HEAD]).ip)
 MGMT = {"spark1": "10.251.0.1/24", "spark2": "10.251.0.2/24"}
 PORT = 29600
 # Passed through to the ranks when set here (a container keeps its own environment; the module's rank gets only
@@ -146,7 +147,7 @@ def node_envs(misconfigured, backend):
     from ansible_collections.multinode.vllm.plugins.module_utils._env import EnvSettings, node_environment
     from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricSelection
 
-    settings = EnvSettings(fabric_cidr=FABRIC_CIDR, head_fabric_ip=str(ipaddress.IPv4Interface(FABRIC[HEAD]).ip))
+    settings = EnvSettings(fabric_cidr=FABRIC_CIDR, head_fabric_ip=HEAD_IP)
     envs = {}
     for host in HOSTS:
         selection = FabricSelection(host=host, interface=FABRIC_IF, address=ipaddress.IPv4Interface(FABRIC[host]),
@@ -164,12 +165,15 @@ def run_scenario(args, scenario, work):
     from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import assemble_report
 
     misconfigured = scenario == "misconfigured"
+    timeout = args.misconfigured_timeout if misconfigured else args.timeout
     envs = node_envs(misconfigured, args.backend)
     # The head's non-carry-over list is the one the correct deployment renders (the override is the mistake).
     nco = os.path.join(work, "ray_non_carry_over_env_vars.json")
     with open(nco, "w") as handle:
         handle.write(non_carry_over_json(node_envs(False, args.backend)))
     gpus = args.gpus.split(",")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [collections_root(work)] + [p for p in (os.environ.get("PYTHONPATH") or "").split(os.pathsep) if p]))
     procs = {}
     for rank, host in enumerate(HOSTS):
         node_dir = os.path.join(work, scenario, host)
@@ -192,11 +196,11 @@ def run_scenario(args, scenario, work):
                 base_env["NCCL_HOSTID"] = "multinode-vllm-" + host
         module_args = {
             "host": host, "rank": rank, "world_size": len(HOSTS), "head_host": HEAD,
-            "head_fabric_ip": str(ipaddress.IPv4Interface(FABRIC[HEAD]).ip),
+            "head_fabric_ip": HEAD_IP,
             "fabric_ip": str(ipaddress.IPv4Interface(FABRIC[host]).ip), "fabric_interface": FABRIC_IF,
             "port": PORT, "env_file": os.path.join(node_dir, "node.env"), "interpreter": [args.interpreter],
             "base_env": base_env, "backend": args.backend, "local_rank": 0,
-            "timeout": args.misconfigured_timeout if misconfigured else args.timeout,
+            "timeout": timeout,
             "size_mib": args.size_mib, "iterations": args.iterations, "report_only": True,
             "non_carry_over_file": nco,
             # No vLLM on a bare GPU image: the rank applies vLLM's rule and says so.
@@ -205,8 +209,6 @@ def run_scenario(args, scenario, work):
         args_file = os.path.join(node_dir, "args.json")
         with open(args_file, "w") as handle:
             json.dump({"ANSIBLE_MODULE_ARGS": module_args}, handle)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [collections_root(work)] + [p for p in (os.environ.get("PYTHONPATH") or "").split(os.pathsep) if p]))
         cmd = [sys.executable, os.path.abspath(__file__), "--enter", NAMESPACE[host], "--",
                args.module_python, MODULE, args_file]
         procs[host] = (time.time(), subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -221,8 +223,7 @@ def run_scenario(args, scenario, work):
         except ValueError:
             returns[host] = None
             raw[host]["stdout"] = out[-2000:]
-    report = assemble_report(returns, HEAD, {h: FABRIC_IF for h in HOSTS},
-                             timeout=args.misconfigured_timeout if misconfigured else args.timeout)
+    report = assemble_report(returns, HEAD, {h: FABRIC_IF for h in HOSTS}, timeout=timeout)
     nccl_lines = {}
     for host in HOSTS:
         lines = []
@@ -237,12 +238,11 @@ def run_scenario(args, scenario, work):
 def raw_tcp(args):
     """Raw TCP over the same veth, spark2 -> spark1 (tests/bench/tcp_throughput.py): the link's own speed."""
     tool = os.path.join(REPO, "tests", "bench", "tcp_throughput.py")
-    head_ip = str(ipaddress.IPv4Interface(FABRIC[HEAD]).ip)
     enter_cmd = [sys.executable, os.path.abspath(__file__), "--enter"]
-    recv = subprocess.Popen(enter_cmd + [NAMESPACE[HEAD], "--", sys.executable, tool, "recv", head_ip, "29700"],
+    recv = subprocess.Popen(enter_cmd + [NAMESPACE[HEAD], "--", sys.executable, tool, "recv", HEAD_IP, "29700"],
                             stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
-    send = subprocess.run(enter_cmd + [NAMESPACE["spark2"], "--", sys.executable, tool, "send", head_ip, "29700",
+    send = subprocess.run(enter_cmd + [NAMESPACE["spark2"], "--", sys.executable, tool, "send", HEAD_IP, "29700",
                                        str(args.baseline_mib)], capture_output=True, text=True, timeout=120, check=False)
     out = recv.communicate(timeout=120)[0]
     return {"recv": json.loads(out.strip().splitlines()[-1]) if out.strip() else None,

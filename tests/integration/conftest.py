@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 LABCTL = ROOT / "lab" / "labctl"
@@ -29,6 +30,12 @@ class PlaybookRun:
 def require_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("the lab needs root (network namespaces, sshd)")
+
+
+def node_python() -> str:
+    """The lab nodes' Python (torch, Ray, vLLM): the inventory's multinode_venv."""
+    data = yaml.safe_load((LAB_INVENTORY / "group_vars" / "all.yml").read_text())
+    return data["multinode_venv"] + "/bin/python"
 
 
 def labctl(*args: str, check: bool = True) -> str:

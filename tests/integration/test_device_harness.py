@@ -15,16 +15,9 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, require_root
+from conftest import ROOT, node_python, require_root
 
 HARNESS = ROOT / "tests" / "gpu" / "preflight_two_namespaces.py"
-
-
-def _node_python() -> str:
-    import yaml
-
-    data = yaml.safe_load((ROOT / "inventories" / "lab" / "group_vars" / "all.yml").read_text())
-    return data["multinode_venv"] + "/bin/python"
 
 
 def _leftovers() -> list[str]:
@@ -36,7 +29,7 @@ def _leftovers() -> list[str]:
 def test_the_harness_passes_on_the_fabric_and_names_the_worker_off_it(tmp_path):
     require_root()
     run = subprocess.run(
-        [sys.executable, str(HARNESS), "--backend", "gloo", "--interpreter", _node_python(), "--size-mib", "8",
+        [sys.executable, str(HARNESS), "--backend", "gloo", "--interpreter", node_python(), "--size-mib", "8",
          "--misconfigured-timeout", "15", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONPATH=""), check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

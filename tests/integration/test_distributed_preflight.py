@@ -16,9 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import LAB_INVENTORY, labctl, run_playbook
+from conftest import labctl, node_python, run_playbook
 
 PLAYBOOK = "playbooks/distributed_preflight.yml"
 RENDER = "tests/integration/playbooks/render_node_env.yml"
@@ -35,14 +34,9 @@ DEFAULT_NON_CARRY_OVER = ["GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET
 RANK_LINE = re.compile(r"(spark\d) rank (\d) (ok|FAILED) \(phase (\w+)\).*?, ([0-9.]+)\s+s")
 
 
-def _node_python() -> str:
-    data = yaml.safe_load((LAB_INVENTORY / "group_vars" / "all.yml").read_text())
-    return data["multinode_venv"] + "/bin/python"
-
-
 @pytest.fixture(scope="module")
 def lab(lab2):
-    python = _node_python()
+    python = node_python()
     if subprocess.run([python, "-c", "import torch.distributed"], capture_output=True, check=False).returncode != 0:
         pytest.skip("the lab's node runtime %s has no torch (make lab-venv)" % python)
     labctl("fault", "clear")
