@@ -10,6 +10,8 @@ version_added: 0.1.0
 description:
   - Finds the most likely cause in the log tails (the failure table of C(docs/serve.md); the first signature found,
     most specific first), and returns the reason, that cause with its fix, and the last lines of every log.
+  - When the loop's results carry C(first_errors) (P(multinode.vllm.vllm_ready#module) with O(first_errors=true)),
+    each log's first exception is searched before its tail, and a generic engine failure is named by it.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -51,19 +53,23 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve import failu
 
 
 def _labelled(tails):
-    """{label: lines} from a mapping, or from a loop's results (no dict is built in Jinja: 2.19 forbids it)."""
+    """({label: lines}, {label: first error}) from a mapping, or from a loop's results (no dict is built in Jinja:
+    2.19 forbids it)."""
     if isinstance(tails, Mapping):
-        return {str(k): [str(x) for x in (v or [])] for k, v in tails.items()}
-    out = {}
+        return {str(k): [str(x) for x in (v or [])] for k, v in tails.items()}, {}
+    out, firsts = {}, {}
     for result in tails or []:
         for path, lines in dict(result.get("tails") or {}).items():
             out["%s:%s" % (result.get("item"), path)] = [str(x) for x in (lines or [])]
-    return out
+        for path, error in dict(result.get("first_errors") or {}).items():
+            if error:
+                firsts["%s:%s" % (result.get("item"), path)] = dict(error)
+    return out, firsts
 
 
 def vllm_failure_report(tails, reason, lines=15):
-    tails = _labelled(tails)
-    return failure_message(str(reason), tails, likely_cause(tails), lines=int(lines))
+    tails, firsts = _labelled(tails)
+    return failure_message(str(reason), tails, likely_cause(tails, firsts), lines=int(lines))
 
 
 class FilterModule:

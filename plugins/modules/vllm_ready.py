@@ -84,6 +84,12 @@ options:
     description: Also return the TCP sockets held by this node's serve processes.
     type: bool
     default: false
+  first_errors:
+    description:
+      - Also return each log's first exception (the root cause of a failed start, often far above the tail).
+      - Reads at most the last 32 MiB of each log.
+    type: bool
+    default: false
   expect_pid:
     description: The serve pid seen at the start; a different or missing pid means the process exited.
     type: int
@@ -126,6 +132,10 @@ latest:
   description: The latest meaningful line of the first log.
   returned: always
   type: str
+first_errors:
+  description: Each log's first traceback exception, by path (C(who) is the process prefix, C(line) the exception).
+  returned: when O(first_errors=true)
+  type: dict
 connections:
   description: TCP sockets of the serve processes (local, local_port, remote, remote_port, state).
   returned: when connections is true
@@ -160,7 +170,13 @@ from collections import deque
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.multinode.vllm.plugins.module_utils._procs import serve_processes
-from ansible_collections.multinode.vllm.plugins.module_utils._serve import meaningful_line, parse_proc_net_tcp
+from ansible_collections.multinode.vllm.plugins.module_utils._serve import (
+    first_exception,
+    meaningful_line,
+    parse_proc_net_tcp,
+)
+
+FIRST_ERROR_SCAN = 32 * 1024 * 1024
 
 
 def tail(path: str, lines: int) -> list:
@@ -169,6 +185,18 @@ def tail(path: str, lines: int) -> list:
             return [line.rstrip("\n") for line in deque(handle, maxlen=lines)]
     except OSError as exc:
         return ["(cannot read %s: %s)" % (path, exc.strerror)]
+
+
+def first_error(path: str):
+    """The first traceback's exception in the log's last FIRST_ERROR_SCAN bytes (None: none, or unreadable)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - FIRST_ERROR_SCAN))
+            lines = (raw.decode("utf-8", "replace").rstrip("\n") for raw in handle)
+            return first_exception(lines)
+    except OSError:
+        return None
 
 
 def socket_inodes(pids) -> set:
@@ -205,6 +233,7 @@ def main() -> None:
             logs=dict(type="list", elements="path", default=["/var/log/multinode-vllm/vllm.log"]),
             lines=dict(type="int", default=40),
             connections=dict(type="bool", default=False),
+            first_errors=dict(type="bool", default=False),
             expect_pid=dict(type="int"),
             api_key=dict(type="str", default="", no_log=True),
         ),
@@ -221,6 +250,8 @@ def main() -> None:
         tails=tails,
         latest=meaningful_line(tails[first]) if first else "",
     )
+    if module.params["first_errors"]:
+        result["first_errors"] = {path: first_error(path) for path in module.params["logs"]}
     if module.params["connections"]:
         inodes = socket_inodes(pids)
         conns = []

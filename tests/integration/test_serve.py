@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ansible_env, ray_pids, recap, run_playbook, serve_pids, torn_down_lab
+from conftest import BIN, LABCTL, ansible_env, ray_pids, recap, run_playbook, serve_pids, torn_down_lab
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
 
@@ -67,6 +67,13 @@ def _audit_sees_vllm(node: str, fabric_ip: str, wildcard_owner: str) -> None:
                and item["processes"][0]["name"].startswith(wildcard_owner) for item in owned), owned
 
 
+def _env_file(node: str) -> dict[str, str]:
+    """The node's env file as the collection rendered it (KEY=VALUE lines)."""
+    text = subprocess.run([str(LABCTL), "exec", node, "--", "cat", "/etc/multinode-vllm/node.env"],
+                          capture_output=True, text=True, check=True).stdout
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+
+
 def _completion_ok(run) -> None:
     assert run.rc == 0, run.output[-4000:]
     assert "completion:" in run.output and "tokens/s" in run.output
@@ -78,6 +85,8 @@ def test_switching_backends_leaves_nothing_of_the_other_running(lab):
     assert ray_pids("spark1").get("raylet") and ray_pids("spark2").get("raylet")
     assert serve_pids("spark1") and not serve_pids("spark2")
     _audit_sees_vllm("spark1", "198.18.200.12", "VLLM::EngineCor")
+    env = _env_file("spark2")
+    assert env.get("RAY_AUTH_MODE") == "token" and "MASTER_ADDR" not in env, env
 
     native = run_playbook("playbooks/deploy.yml", "-e", "vllm_backend=native")
     _completion_ok(native)
@@ -89,6 +98,11 @@ def test_switching_backends_leaves_nothing_of_the_other_running(lab):
     assert serve_pids("spark1") and serve_pids("spark2")
     assert "Backend native, stop the Ray program" in native.output
     _audit_sees_vllm("spark1", "198.18.200.12", "VLLM::Worker_TP")
+    # One backend variable: -e vllm_backend=native alone puts the env file on the native branch on every node.
+    for node in ("spark1", "spark2"):
+        env = _env_file(node)
+        assert env.get("MASTER_ADDR") == "198.18.200.12" and env.get("MASTER_PORT") == "29500", (node, env)
+        assert "RAY_AUTH_MODE" not in env and "RAY_AUTH_TOKEN_PATH" not in env, (node, env)
 
     back = run_playbook("playbooks/deploy.yml")
     _completion_ok(back)

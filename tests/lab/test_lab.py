@@ -197,8 +197,67 @@ def test_topology_addresses_and_mtu(lab):
     assert fab["br0"]["mtu"] == 9000
     for i in (1, 2):
         assert fab[f"fb-spark{i}"]["master"] == "br0" and fab[f"fb-spark{i}"]["mtu"] == 9000
-    with open("/proc/sys/net/ipv4/ip_forward") as f:
-        assert f.read().strip() == "0"
+
+
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+ISOLATION = ("inet", "multinode_vllm_lab_isolation")
+
+
+@pytest.fixture
+def ip_forward():
+    """Set the host's net.ipv4.ip_forward for a test; restored afterwards."""
+    before = IP_FORWARD.read_text().strip()
+    yield lambda value: IP_FORWARD.write_text("%d\n" % value)
+    IP_FORWARD.write_text(before + "\n")
+
+
+def isolation_table():
+    p = subprocess.run(["nft", "list", "table", *ISOLATION], capture_output=True, text=True, check=False)
+    return p.stdout if p.returncode == 0 else None
+
+
+@pytest.mark.parametrize("forward", [0, 1])
+def test_management_isolated_whatever_the_hosts_ip_forward(lab, ip_forward, forward):
+    ip_forward(forward)
+    assert connect("spark2", mgmt_ip(1), 22, timeout=2) == "timeout"
+    assert connect("spark1", mgmt_ip(2), 22, timeout=2) == "timeout"
+    assert connect("spark2", fabric_ip(1), 22) == "refused"  # the fabric still answers
+    assert ssh(1, "true").returncode == 0  # the control node still reaches every node
+
+
+def test_the_isolation_table_is_what_isolates_and_up_restores_it(lab, ip_forward):
+    ip_forward(1)
+    subprocess.run(["nft", "delete", "table", *ISOLATION], check=True)
+    # Without the lab's table, a forwarding host routes between management veths: the incident no longer holds.
+    assert connect("spark2", mgmt_ip(1), 22, timeout=2) == "accepted"
+    p = labctl("up", 2)
+    assert "nothing to do" not in p.stdout + p.stderr  # a missing table is not "up"
+    assert isolation_table() is not None
+    assert connect("spark2", mgmt_ip(1), 22, timeout=2) == "timeout"
+
+
+def test_down_removes_the_table_and_leaves_the_sysctl_alone(lab, ip_forward):
+    ip_forward(1)
+    labctl("down")
+    assert isolation_table() is None
+    assert IP_FORWARD.read_text().strip() == "1"
+    labctl("up", 2)
+    assert isolation_table() is not None
+    assert IP_FORWARD.read_text().strip() == "1"
+
+
+def test_up_refuses_a_host_that_uses_the_lab_range(lab):
+    subprocess.run(["ip", "link", "add", "labtest0", "type", "veth", "peer", "name", "labtest1"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", "198.19.250.1/24", "dev", "labtest0"], check=True)
+        subprocess.run(["ip", "link", "set", "labtest0", "up"], check=True)
+        p = labctl("up", 2, check=False)
+        assert p.returncode != 0
+        assert "already uses the lab's address range 198.18.0.0/15" in p.stderr, p.stderr
+        assert "address 198.19.250.1/24 on labtest0" in p.stderr and "route 198.19.250.0/24 dev labtest0" in p.stderr
+    finally:
+        subprocess.run(["ip", "link", "del", "labtest0"], check=False)
+    labctl("up", 2)
 
 
 def test_fabric_reachable_management_isolated(lab):
@@ -418,6 +477,7 @@ def assert_nothing_left():
     assert not RUN.exists()
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
     assert "198.18." not in routes and "198.19." not in routes
+    assert isolation_table() is None
 
 
 def test_down_leaves_nothing(lab):
