@@ -57,15 +57,17 @@ class ActionModule(ActionBase):
     _VALID_ARGS = frozenset((
         "url", "served_model_name", "timeout", "interval", "api_interval", "progress_every", "prompt", "max_tokens",
         "burst_requests", "burst_tokens", "logs", "lines", "connections", "expect_pid", "api_key",
+        "first_errors",
     ))
 
     def _node(self, task_vars, args):
-        module_args = {k: args[k] for k in ("logs", "lines", "connections") if k in args}
+        module_args = {k: args[k] for k in ("logs", "lines", "connections", "first_errors") if k in args}
         return self._execute_module(module_name="multinode.vllm.vllm_ready", module_args=module_args,
                                     task_vars=task_vars)
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
+        self._failure_vars = task_vars
         args = self._task.args
         url = str(args.get("url") or "").rstrip("/")
         if not url:
@@ -198,10 +200,16 @@ class ActionModule(ActionBase):
         return result
 
     def _fail(self, result, host, reason, stage, node, elapsed):
-        tails = {}
+        # One more read of the node for each log's first exception: the root cause is often far above the tail.
+        again = self._node(self._failure_vars, dict(self._task.args, first_errors=True))
+        if not again.get("failed"):
+            node = again
+        tails, firsts = {}, {}
         for path, lines in (node.get("tails") or {}).items():
             tails["%s:%s" % (host, path)] = lines
-        cause = likely_cause(tails)
+        for path, error in (node.get("first_errors") or {}).items():
+            firsts["%s:%s" % (host, path)] = error
+        cause = likely_cause(tails, firsts)
         result.update(
             failed=True, stage=stage, seconds=round(elapsed, 1), cause=cause, tails=node.get("tails") or {},
             reason=reason, msg=failure_message(reason, tails, cause),

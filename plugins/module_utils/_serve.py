@@ -368,6 +368,9 @@ _PREFIX = re.compile(r"^(?:\((?P<who>[^()]*\bpid=\d+[^()]*)\)\s?)?"
                      r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[[^\]]*\] ?)?")
 # An exception line: a dotted class name (optionally "Name(Inner)", as Ray's RayTaskError(RuntimeError)), then ":" or end.
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:\([\w.]+\))?(?::(?: .*)?)?$")
+# Ray's wrapper of a remote task's exception, and the remote process it names.
+_WRAPPED = re.compile(r"^(?:[A-Za-z_]\w*\.)*RayTaskError\([\w.]+\):\s*(?P<task>ray::\S+)?")
+_REMOTE = re.compile(r"pid=\d+, ip=[\d.]+")
 
 
 def _split_prefix(line: str) -> tuple[str, str]:
@@ -378,22 +381,36 @@ def _split_prefix(line: str) -> tuple[str, str]:
 def first_exception(lines: Iterable[str]) -> Optional[dict[str, str]]:
     """The exception line of the first traceback in a log, and whose output it was; None without a traceback.
 
-    A start that fails in a worker logs the worker's traceback (through Ray's
-    "(RayWorkerWrapper pid=.., ip=..)" prefix, or the worker's own) before the
-    engine's summary traceback, so the first exception is the root cause. Lines
-    of other processes interleaved inside a traceback are skipped.
+    A start that fails in a worker logs the worker's traceback before the
+    engine's summary traceback, so the first exception is the root cause. A
+    Ray task error (``ray.exceptions.RayTaskError(RuntimeError): ray::X() (pid=..,
+    ip=..)``) carries the remote worker's frames after its header; the remote
+    exception that ends them is returned, named by the worker's pid and address.
+    Lines of other processes interleaved inside a traceback are skipped.
     """
     reading: Optional[str] = None
+    wrapper: Optional[dict[str, str]] = None
     for raw in lines:
         who, text = _split_prefix(clean_line(raw, width=400))
         if text.startswith("Traceback (most recent call last)"):
-            reading = who
+            if wrapper is None:
+                reading = who
             continue
         if reading is None or who != reading or not text or text[0].isspace() or text.startswith("File "):
             continue
-        if _EXCEPTION.match(text):
-            return {"who": who, "line": text.strip()}
-    return None
+        match = _EXCEPTION.match(text)
+        if not match:
+            continue
+        if wrapper is not None:
+            return {"who": wrapper["who"], "line": text.strip()}
+        inner = _WRAPPED.match(text)
+        if inner:
+            remote = _REMOTE.search(text)
+            wrapper = {"who": "%s on %s" % (inner.group("task"), remote.group(0)) if remote and inner.group("task")
+                       else who, "line": text.strip()}
+            continue
+        return {"who": who, "line": text.strip()}
+    return wrapper
 
 
 def likely_cause(tails: Mapping[str, Sequence[str]],
@@ -407,21 +424,22 @@ def likely_cause(tails: Mapping[str, Sequence[str]],
     only the generic entry matches, the cause names that first exception.
     """
     firsts = {name: dict(err) for name, err in (first_errors or {}).items() if err and err.get("line")}
-    searched = {name: ([firsts[name]["line"]] if name in firsts else []) + list(tails.get(name, []))
+    named = {name: "%s (in %s)" % (err["line"], err["who"]) if err.get("who") else err["line"]
+             for name, err in firsts.items()}
+    searched = {name: ([named[name]] if name in named else []) + list(tails.get(name, []))
                 for name in sorted(set(tails) | set(firsts))}
+    generic = CAUSES[-1]  # engine_failed: a traceback, nothing more specific
     for entry in CAUSES:
         pattern = re.compile(entry.signature)
         for host in sorted(searched):
             for line in searched[host]:
-                if pattern.search(line):
-                    found = {"key": entry.key, "cause": entry.cause, "fix": entry.fix, "host": host,
-                             "line": clean_line(line).strip()}
-                    if entry.key == "engine_failed" and firsts:
-                        name = sorted(firsts)[0]
-                        first = firsts[name]
-                        found.update(host=name, line=first["line"], cause="the engine failed while starting; its first "
-                                     "error: %s%s" % (first["line"], " (in %s)" % first["who"] if first.get("who") else ""))
-                    return found
+                if pattern.search(line) and not (entry is generic and firsts):
+                    return {"key": entry.key, "cause": entry.cause, "fix": entry.fix, "host": host,
+                            "line": clean_line(line, width=400).strip()}
+    if firsts:  # no specific signature: the generic failure, named by the first log's first exception
+        name = sorted(firsts)[0]
+        return {"key": generic.key, "cause": "the engine failed while starting; its first error: %s" % named[name],
+                "fix": generic.fix, "host": name, "line": named[name]}
     return None
 
 

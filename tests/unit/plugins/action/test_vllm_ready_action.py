@@ -105,8 +105,20 @@ def test_a_serve_process_that_exits_fails_at_the_next_node_read(api, monkeypatch
                                    "burst_requests": 0, "timeout": 20}, reads)
     pids = iter([4242, None])
     base = action._node
-    action._node = lambda tv, a: dict(base(tv, a), pid=next(pids, None))
+    asked = []
+
+    def node(tv, a):
+        asked.append(bool(a.get("first_errors")))
+        out = dict(base(tv, a), pid=next(pids, None))
+        if a.get("first_errors"):
+            out["first_errors"] = {"/var/log/multinode-vllm/vllm.log": {"who": "Worker_TP1 pid=7",
+                                                                        "line": "KeyError: 'rope_theta'"}}
+        return out
+
+    action._node = node
     result = action.run(task_vars={"inventory_hostname": "spark1"})
     assert result["failed"] is True
     assert result["reason"] == "the serve process on spark1 exited (pid 4242)"
-    assert len(reads) == 2
+    # Two reads while waiting; on the failure one more, for each log's first exception, named in the cause.
+    assert len(reads) == 3 and asked == [False, False, True]
+    assert "its first error: KeyError: 'rope_theta' (in Worker_TP1 pid=7)" in result["msg"]

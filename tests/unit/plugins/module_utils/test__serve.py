@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve import (
     env_prefix,
     fatal_line,
     failure_message,
+    first_exception,
     health_ok,
     likely_cause,
     meaningful_line,
@@ -261,9 +263,61 @@ def test_likely_cause_prefers_the_specific_signature_over_the_traceback():
     assert cause["key"] == "rendezvous_unreachable" and cause["host"] == "spark2:ray.log"
 
 
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+SHM_LOG = (FIXTURES / "ray-shm-across-nodes.spark1.vllm.log").read_text().splitlines()
+
+
+def test_first_exception_of_a_real_worker_failure_is_the_workers_own():
+    """issue 16: the worker's exception is far above the tail, wrapped by Ray, before the engine's summary."""
+    first = first_exception(SHM_LOG)
+    assert first == {"line": "RuntimeError: open shm in SHMManager failed. errno: 2",
+                     "who": "ray::RayWorkerProc.initialize_worker() on pid=15066, ip=198.18.200.13"}
+    assert "open shm" not in "\n".join(SHM_LOG[-40:])  # the 40-line tail readiness reads does not show it
+
+
+def test_likely_cause_names_the_root_cause_of_a_real_worker_failure():
+    name = "spark1:/var/log/multinode-vllm/vllm.log"
+    tails = {name: SHM_LOG[-40:]}
+    assert likely_cause(tails)["key"] == "engine_failed"  # the tail alone: the symptom only
+    cause = likely_cause(tails, {name: first_exception(SHM_LOG)})
+    assert cause["key"] == "shm_across_nodes"
+    assert cause["line"] == ("RuntimeError: open shm in SHMManager failed. errno: 2 "
+                             "(in ray::RayWorkerProc.initialize_worker() on pid=15066, ip=198.18.200.13)")
+    text = failure_message("vllm serve on spark1 failed while starting", tails, cause)
+    assert text.splitlines()[1].startswith("most likely cause: vLLM's CPU shared-memory communicator")
+    assert "ip=198.18.200.13" in text.splitlines()[1]
+
+
+def test_an_unknown_first_error_is_named_in_the_generic_cause():
+    log = ["(EngineCore pid=9) ERROR 12-03 14:08:44 [core.py:1510] Traceback (most recent call last):",
+           '(EngineCore pid=9) ERROR 12-03 14:08:44 [core.py:1510]   File "x.py", line 1, in f',
+           "(APIServer pid=8) INFO 12-03 14:08:44 [api.py:1] ValueError: not this one (another process)",
+           "(EngineCore pid=9) ERROR 12-03 14:08:44 [core.py:1510]     ^^^^^",
+           "(EngineCore pid=9) ERROR 12-03 14:08:44 [core.py:1510] KeyError: 'rope_theta'",
+           "",
+           "The above exception was the direct cause of the following exception:",
+           "Traceback (most recent call last):",
+           "RuntimeError: Engine core initialization failed. See root cause above."]
+    first = first_exception(log)
+    assert first == {"who": "EngineCore pid=9", "line": "KeyError: 'rope_theta'"}
+    cause = likely_cause({"spark1:vllm.log": log[-2:]}, {"spark1:vllm.log": first})
+    assert cause["key"] == "engine_failed"
+    assert cause["cause"] == "the engine failed while starting; its first error: KeyError: 'rope_theta' (in EngineCore pid=9)"
+
+
+@pytest.mark.parametrize("log", [
+    [],
+    ["INFO all good", "RuntimeError: not inside a traceback"],
+    ["Traceback (most recent call last):", '  File "x.py", line 1, in f', "    raise"],
+])
+def test_first_exception_none(log):
+    assert first_exception(log) is None
+
+
 def test_likely_cause_none_and_keys_unique():
     assert likely_cause({"a": ["INFO all good"]}) is None
     assert len({c.key for c in CAUSES}) == len(CAUSES)
+    assert CAUSES[-1].key == "engine_failed"  # likely_cause falls back to the last entry, the generic one
 
 
 def test_failure_message_lists_reason_cause_and_every_tail():

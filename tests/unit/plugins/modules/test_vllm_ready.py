@@ -12,7 +12,7 @@ from ansible_collections.multinode.vllm.plugins.filter.vllm_failure_report impor
 from ansible_collections.multinode.vllm.plugins.filter.vllm_rendezvous_errors import vllm_rendezvous_errors
 from ansible_collections.multinode.vllm.plugins.filter.vllm_serve_args import vllm_serve_args
 from ansible_collections.multinode.vllm.plugins.module_utils._procs import is_serve
-from ansible_collections.multinode.vllm.plugins.modules.vllm_ready import tail
+from ansible_collections.multinode.vllm.plugins.modules.vllm_ready import first_error, tail
 
 V = "/var/lib/multinode-vllm-lab/cache/node-venv/bin"
 
@@ -39,6 +39,14 @@ def test_tail_reads_the_last_lines_and_reports_a_missing_file(tmp_path):
     log.write_text("".join("line %d\n" % i for i in range(100)))
     assert tail(str(log), 3) == ["line 97", "line 98", "line 99"]
     assert tail(str(tmp_path / "nope.log"), 3)[0].startswith("(cannot read ")
+
+
+def test_first_error_reads_the_whole_log_not_the_tail(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text("Traceback (most recent call last):\n  File \"w.py\", line 3, in init\n"
+                   "RuntimeError: open shm in SHMManager failed. errno: 2\n" + "INFO filler\n" * 500)
+    assert first_error(str(log)) == {"who": "", "line": "RuntimeError: open shm in SHMManager failed. errno: 2"}
+    assert first_error(str(tmp_path / "nope.log")) is None
 
 
 def test_serve_args_filter_checks_sizes_and_names_unknown_settings():
@@ -72,6 +80,18 @@ def test_failure_report_takes_a_loops_results_labelled_by_node():
     assert "--- spark1:/var/log/multinode-vllm/ray.log (last 0 lines) ---" in text
     assert "--- spark2:/var/log/multinode-vllm/ray.log (last 1 lines) ---" in text
     assert "VLLM_HOST_IP missing or equal" in text.splitlines()[1]
+
+
+def test_failure_report_searches_each_logs_first_error():
+    """ready.yml's rescue reads each log's first exception (first_errors) beside its tail."""
+    results = [{"item": "spark1",
+                "tails": {"/var/log/multinode-vllm/vllm.log": ["RuntimeError: Engine core initialization failed."]},
+                "first_errors": {"/var/log/multinode-vllm/vllm.log": {
+                    "who": "ray::RayWorkerProc.initialize_worker() on pid=7, ip=198.18.200.13",
+                    "line": "RuntimeError: open shm in SHMManager failed. errno: 2"},
+                    "/var/log/multinode-vllm/ray.log": None}}]
+    text = vllm_failure_report(results, reason="vllm serve on spark1 failed while starting")
+    assert "shared-memory communicator" in text.splitlines()[1] and "ip=198.18.200.13" in text.splitlines()[1]
 
 
 def test_rendezvous_errors_name_a_rank_never_read():
