@@ -341,6 +341,9 @@ def boot_unit(ruleset_path: str, nft_path: str = "/usr/sbin/nft") -> str:
         "Description=multinode.vllm firewall (nftables table %s multinode_vllm)" % FAMILY,
         "DefaultDependencies=no",
         "Wants=network-pre.target",
+        # Debian's nftables.service loads /etc/nftables.conf, which starts with `flush ruleset`: load after it (and
+        # after firewalld, which replaces the ruleset too), or our table may be loaded first and flushed.
+        "After=nftables.service firewalld.service",
         "Before=network-pre.target shutdown.target docker.service %s" % " ".join(CLUSTER_UNITS),
         "Conflicts=shutdown.target",
         "",

@@ -18,7 +18,12 @@ description:
   - Before applying, the ruleset is checked with C(nft -c -f), the current table is saved and a detached process is
     armed that puts the saved table back after O(rollback_timeout) seconds. A later call with O(state=confirmed),
     made over a fresh connection, disarms it. So a ruleset that locks the controller out is rolled back by itself.
-  - Refuses to apply again a ruleset that was rolled back (the marker file named in the error says how to retry).
+  - Just before the controller closes its connection to open a fresh one, O(state=confirming) records on the host
+    that the confirmation was asked for. A rollback records whether it was: if it was, the fresh connection did not
+    get in (a lockout), and the same ruleset is refused on the next run (the marker file named in the error says how
+    to retry); if it was not, the play stopped before confirming (another host failed, the controller was
+    interrupted), the ruleset is not to blame, and the next run applies it again.
+  - O(state=confirmed) and O(state=absent) clear the rollback marker.
   - O(state=absent) deletes the table (and disarms a pending rollback). In check mode nothing changes.
 author:
   - multinode.vllm maintainers (@multinode)
@@ -35,11 +40,13 @@ options:
   state:
     description:
       - V(present) applies O(ruleset) and arms the rollback when the table changed.
+      - V(confirming) records that the controller is about to confirm the change of O(token) over a fresh
+        connection (call it over the connection that applied it, right before closing that connection).
       - V(confirmed) disarms the rollback (call it from a fresh connection to prove the controller still gets in);
         fails when the change of O(token) was already rolled back.
       - V(absent) deletes the table.
     type: str
-    choices: [present, confirmed, absent]
+    choices: [present, confirming, confirmed, absent]
     default: present
   ruleset:
     description: The C(nft -f) file text. Required with O(state=present).
@@ -53,7 +60,7 @@ options:
     type: float
     default: 60
   token:
-    description: With O(state=confirmed), the RV(token) the apply returned; used to report that change's rollback.
+    description: With O(state=confirming) or O(state=confirmed), the RV(token) the apply returned.
     type: str
   state_dir:
     description: Where the rollback file, the pending guard and the rollback marker are kept (tmpfs is right).
@@ -99,7 +106,9 @@ exact:
   returned: with state=present
   type: bool
 rolled_back:
-  description: The last rollback on this host (token, digest, time, nft's exit status), or null.
+  description:
+    - The last rollback on this host (token, digest, time, nft's exit status, C(confirm_started) and C(reason): why it
+      happened), or null.
   returned: always
   type: dict
 """
@@ -187,9 +196,14 @@ def _watch(nft, paths, token, deadline):  # pragma: no cover - runs in the detac
             return
         armed = _read_json(paths.armed) or {}
         proc = subprocess.run([nft, "-f", paths.rollback], capture_output=True, text=True, check=False)
+        started = bool(armed.get("confirm_started_at"))
         marker = dict(token=token, digest=armed.get("digest"), applied_at=armed.get("applied_at"),
                       rolled_back_at=time.time(), timeout=armed.get("timeout"), rc=proc.returncode,
-                      stderr=proc.stderr.strip())
+                      stderr=proc.stderr.strip(), confirm_started=started,
+                      reason=("the controller asked to confirm over a fresh connection and none got in within the "
+                              "window (a lockout?)" if started else
+                              "the play never asked for a confirmation (it stopped before: another host failed, or "
+                              "the controller was interrupted)"))
         _write(paths.marker, json.dumps(marker))
         _remove(paths.armed)
         _remove(paths.applied)
@@ -261,10 +275,12 @@ def _present(module, nft, paths, table, result):
         module.exit_json(**result)
 
     marker = _read_json(paths.marker)
-    if isinstance(marker, dict) and marker.get("digest") == digest:
+    # Only a lockout blames the ruleset: a rollback because the play stopped before confirming does not.
+    if isinstance(marker, dict) and marker.get("digest") == digest and marker.get("confirm_started", True):
         module.fail_json(
-            msg="this exact ruleset was applied at %s and rolled back at %s because no confirmation came within %s s "
-                "(the controller lost the host?); the previous table is active. Check that firewall_mgmt_allow_tcp "
+            msg="this exact ruleset was applied at %s and rolled back at %s because no fresh connection confirmed it "
+                "within %s s (the controller lost the host?); the previous table is active. Check that "
+                "firewall_mgmt_allow_tcp "
                 "holds the SSH port and that the controller reaches the host on the management interface, then "
                 "change the input, or delete %s to try the same ruleset again (nothing was changed)"
                 % (time.ctime(marker.get("applied_at") or 0), time.ctime(marker.get("rolled_back_at") or 0),
@@ -320,6 +336,19 @@ def _ensure_dir(module):
     os.makedirs(module.params["state_dir"], mode=0o700, exist_ok=True)
 
 
+def _confirming(module, paths, result):
+    token = module.params["token"]
+    if not token or not os.path.isdir(module.params["state_dir"]):
+        module.exit_json(**result)
+    with _locked(paths):
+        armed = _read_json(paths.armed)
+        if isinstance(armed, dict) and armed.get("token") == token and not module.check_mode:
+            armed["confirm_started_at"] = time.time()
+            _write(paths.armed, json.dumps(armed))
+            result["armed"] = True
+    module.exit_json(**result)
+
+
 def _confirmed(module, paths, result):
     token = module.params["token"]
     if not os.path.isdir(module.params["state_dir"]):
@@ -333,6 +362,7 @@ def _confirmed(module, paths, result):
                 # This call came over a fresh connection: the controller gets in with the current table.
                 _remove(paths.armed)
                 _remove(paths.rollback)
+                _remove(paths.marker)  # an older rollback no longer describes this host
             # Disarming is not a change of configuration (the apply reported it).
             module.exit_json(**result)
     if token and isinstance(marker, dict) and marker.get("token") == token:
@@ -356,6 +386,7 @@ def _absent(module, nft, paths, table, result):
         _remove(paths.armed)
         _remove(paths.rollback)
         _remove(paths.applied)
+        _remove(paths.marker)
         if listing is not None:
             rc, dummy, err = _nft(module, nft, "delete", "table", FAMILY, table)
             if rc != 0:
@@ -366,7 +397,7 @@ def _absent(module, nft, paths, table, result):
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", choices=["present", "confirmed", "absent"], default="present"),
+            state=dict(type="str", choices=["present", "confirming", "confirmed", "absent"], default="present"),
             ruleset=dict(type="str"),
             table=dict(type="str", default="multinode_vllm"),
             rollback_timeout=dict(type="float", default=60),
@@ -385,6 +416,8 @@ def main() -> None:
     state = module.params["state"]
     if state == "present":
         _present(module, nft, paths, table, result)
+    elif state == "confirming":
+        _confirming(module, paths, result)
     elif state == "confirmed":
         _confirmed(module, paths, result)
     else:

@@ -263,6 +263,8 @@ def test_boot_unit_loads_the_kept_table_before_the_network_and_the_cluster():
     assert keys["DefaultDependencies"] == ["no"]
     before = keys["Before"][0].split()
     assert {"network-pre.target", "docker.service", "multinode-ray.service", "multinode-vllm.service"} <= set(before)
+    # issue 17: after Debian's nftables.service (its /etc/nftables.conf flushes the ruleset) and firewalld.
+    assert set(keys["After"][0].split()) == {"nftables.service", "firewalld.service"}
     # Closed, not open: the systemd runtime's units need it; Docker is ordered after it only.
     assert keys["RequiredBy"] == ["multinode-ray.service multinode-vllm.service"]
     assert keys["WantedBy"] == ["sysinit.target"]

@@ -235,6 +235,8 @@ def test_unconfirmed_change_is_rolled_back_and_not_retried(lab, tmp_path):
     started = time.monotonic()
     applied = _module(lab, tmp_path, ruleset=wider, rollback_timeout=2, diff=True)
     assert applied["changed"] is True and applied["armed"] is True
+    # The role asks for the confirmation (then closes its connection); no fresh connection gets in.
+    assert _module(lab, tmp_path, state="confirming", token=applied["token"])["armed"] is True
     assert "8000" not in applied["diff"]["before"] and "tcp dport { 22, 8000 }" in applied["diff"]["after"]
     assert _connects([(B_MGMT, A_MGMT, API)]) == {(B_MGMT, A_MGMT, API): "ok"}  # the new table is live
 
@@ -252,6 +254,35 @@ def test_unconfirmed_change_is_rolled_back_and_not_retried(lab, tmp_path):
     retry = _module(lab, tmp_path, ruleset=wider, rollback_timeout=2)
     assert retry.get("failed") and "rolled back" in retry["msg"] and ".rolled-back.json" in retry["msg"], retry
     assert "8000" not in _listing()  # the refused retry changed nothing
+    assert retry["rolled_back"]["confirm_started"] is True and "lockout" in retry["rolled_back"]["reason"]
+
+
+def test_a_rollback_because_the_play_stopped_does_not_block_the_rerun(lab, tmp_path):
+    """issue 17: another host failed, so this host's confirmation was never asked for; it rolls back, and the
+    re-run applies the same ruleset again with no manual step. Confirming clears the marker; so does absent."""
+    first = _module(lab, tmp_path, ruleset=_ruleset(), rollback_timeout=30)
+    _module(lab, tmp_path, state="confirmed", token=first["token"])
+    wider = _ruleset(mgmt_allow_tcp=[22, API])
+    applied = _module(lab, tmp_path, ruleset=wider, rollback_timeout=1.5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "8000" in (_listing() or ""):
+        time.sleep(0.2)
+    assert "8000" not in (_listing() or "")
+    again = _module(lab, tmp_path, ruleset=wider, rollback_timeout=30)
+    assert again["changed"] is True and again["armed"] is True, again
+    assert again["rolled_back"]["token"] == applied["token"] and again["rolled_back"]["confirm_started"] is False
+    assert "never asked for a confirmation" in again["rolled_back"]["reason"]
+    _module(lab, tmp_path, state="confirming", token=again["token"])
+    assert _module(lab, tmp_path, state="confirmed", token=again["token"])["armed"] is True
+    assert "8000" in _listing()
+    assert _module(lab, tmp_path, ruleset=wider)["rolled_back"] is None  # cleared on confirm
+    # A lockout marker is cleared by absent too.
+    locked = _module(lab, tmp_path, ruleset=_ruleset(), rollback_timeout=1.5)
+    _module(lab, tmp_path, state="confirming", token=locked["token"])
+    time.sleep(3)
+    assert _module(lab, tmp_path, ruleset=_ruleset())["failed"] is True
+    _module(lab, tmp_path, state="absent")
+    assert _module(lab, tmp_path, ruleset=_ruleset(), rollback_timeout=30)["rolled_back"] is None
 
 
 def test_confirmed_change_stays_and_first_apply_rolls_back_to_no_table(lab, tmp_path):
