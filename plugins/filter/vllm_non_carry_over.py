@@ -12,13 +12,19 @@ description:
     worker, overwriting per-host values, unless the key is listed in C(ray_non_carry_over_env_vars.json) under
     C(VLLM_CONFIG_ROOT) on the node running C(vllm serve).
   - Returns the per-host keys present in any node's environment plus every carried key whose value differs
-    between nodes.
+    between nodes, plus the credentials (C(VLLM_API_KEY), C(HF_TOKEN), C(HUGGING_FACE_HUB_TOKEN)) and
+    O(secret_keys): vLLM would otherwise copy them into every Ray worker's runtime environment.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
     description: Each host's environment (from P(multinode.vllm.fabric_node_env#filter)), keyed by host.
     type: dict
     required: true
+  secret_keys:
+    description: Names of secret variables (for example the keys of C(vllm_secret_env)).
+    type: list
+    elements: str
+    default: []
 """
 
 EXAMPLES = r"""
@@ -37,10 +43,12 @@ _value:
 """
 
 from ansible_collections.multinode.vllm.plugins.module_utils._env import non_carry_over_keys
+from ansible_collections.multinode.vllm.plugins.module_utils._secrets import non_carry_over_with_secrets
 
 
-def vllm_non_carry_over(envs_by_host):
-    return non_carry_over_keys({str(h): dict(env) for h, env in dict(envs_by_host).items()})
+def vllm_non_carry_over(envs_by_host, secret_keys=()):
+    keys = non_carry_over_keys({str(h): dict(env) for h, env in dict(envs_by_host).items()})
+    return non_carry_over_with_secrets(keys, [str(k) for k in (secret_keys or [])])
 
 
 class FilterModule:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 
 import pytest
 
@@ -193,10 +194,19 @@ def test_a_hugging_face_cache_is_staged_as_real_files(monkeypatch):
         "    os.path.lexists(link) or os.symlink(target,link)\n"
     ) % (HF_CACHE, HF_REPO, HF_COMMIT))
     try:
+        # A token (issue 17): the download reads it from a 0600 file it sources, which is gone afterwards; it is in
+        # no output (the json callback prints every task's arguments and results).
+        token = "hf_secret_%s" % os.urandom(8).hex()
         rc, data, raw = stage(monkeypatch, "-e", "model_name=%s" % HF_NAME, "-e", "model_source=hf",
                               "-e", "model_hf_repo_id=%s" % HF_REPO, "-e", "model_hf_cache_dir=%s" % HF_CACHE,
-                              "-e", "model_hf_offline=true")
+                              "-e", "model_hf_offline=true", "-e", "model_hf_token=%s" % token)
         assert rc == 0, raw[-4000:]
+        assert token not in raw
+        assert task(data, "Write the Hugging Face token")["spark1"]["changed"] is True
+        assert task(data, "Show the Hugging Face snapshot")["spark1"]["msg"].endswith("(token: yes)")
+        assert task(data, "Remove the Hugging Face token file")["spark1"]["changed"] is True
+        assert "gone" in node("spark1", "import os;print('gone' if not os.path.exists('/etc/multinode-vllm/hf-token.env') "
+                                        "else 'left')")
         dest = "/var/lib/multinode-vllm/models/%s" % HF_NAME
         listing = (
             "import os,json,hashlib;r=%r;print(json.dumps({os.path.relpath(os.path.join(d,f),r): "

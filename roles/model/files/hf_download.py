@@ -3,11 +3,12 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Download a Hugging Face repo snapshot once (run on the head by the node runtime's python).
 
-argv: repo_id revision cache_dir allow_patterns_json. HF_TOKEN and HF_HUB_OFFLINE come from the
-environment (huggingface_hub reads both). Prints one JSON line: the snapshot path (a cache layout:
+argv: repo_id revision cache_dir allow_patterns_json. HF_TOKEN (sourced from a 0600 file by the role) and
+HF_HUB_OFFLINE come from the environment (huggingface_hub reads both). Prints one JSON line: the snapshot path (a cache layout:
 symlinks into ../../blobs, resolved to real files by the next task) and whether it was already cached.
 """
 import json
+import os
 import sys
 
 from huggingface_hub import snapshot_download
@@ -20,4 +21,5 @@ try:
 except Exception:  # not (fully) in the cache yet: download it
     path = snapshot_download(**kwargs)
     cached = False
-print(json.dumps({"path": path, "cached": cached}))
+# "token": whether a token reached the process (from the sourced 0600 file), never the token itself.
+print(json.dumps({"path": path, "cached": cached, "token": bool(os.environ.get("HF_TOKEN"))}))

@@ -214,7 +214,9 @@ def test_vllm_non_carry_over(facts, gid_selection, expected):
     fabric = facts()
     envs = {host: fabric_node_env(fabric[host], CIDR, "198.18.200.12", gid_selection=gid_selection)
             for host in HOSTS}
-    assert vllm_non_carry_over(envs) == expected
+    # The credentials are never carried to Ray workers (vLLM copies VLLM_API_KEY and HF_* by default).
+    assert vllm_non_carry_over(envs) == sorted(expected + ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY"])
+    assert "MY_SECRET" in vllm_non_carry_over(envs, secret_keys=["MY_SECRET"])
 
 
 def test_fabric_peers(hostvars):

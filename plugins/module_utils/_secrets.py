@@ -1,0 +1,61 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Secret environment values: one 0600 file per process, sourced at start, never on a command line.
+
+A value passed through Ansible's ``environment:`` or written as an ``env KEY=VALUE`` word is visible in
+``/proc/*/cmdline``, in unit files, supervisor sections and ``docker inspect``. A secret instead goes to a
+file (mode 0600, written through ``node_files``' ``secret_files``: never diffed, never printed) that the process
+reads when it starts:
+
+    /bin/sh -c 'set -a && . "$0" && set +a && exec "$@"' FILE PROGRAM ARGS...
+
+``SOURCE_ARGV`` is that prefix. Values are single-quoted for sh, so any byte but NUL survives unchanged.
+
+Pure: no Ansible imports, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Mapping, Sequence
+
+# The argv prefix that reads a secret env file and runs the program with its variables exported.
+SOURCE_ARGV = ("/bin/sh", "-c", 'set -a && . "$0" && set +a && exec "$@"')
+# Credentials vLLM's Ray executor would otherwise copy to every Ray worker (VLLM_API_KEY is a registered vLLM
+# variable; HF_* is a copied prefix, vllm/ray/ray_env.py in 0.32.0), and so into Ray's runtime environment.
+ALWAYS_SECRET_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SecretError(ValueError):
+    """A secret variable that cannot be written; the message names the variable, never the value."""
+
+
+def secret_env_file(values: Mapping[str, object], what: str = "vllm_secret_env") -> str:
+    """The text of a secret env file: ``KEY='value'`` lines, sorted, for ``SOURCE_ARGV``.
+
+    Keys must be environment variable names; values any text without NUL (a NUL cannot be in an environment).
+    Errors name the variable and the key, never the value.
+    """
+    lines = []
+    for key in sorted(values):
+        value = values[key]
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise SecretError("%s: key %r is not an environment variable name (letters, digits and _, not starting "
+                              "with a digit); rename it" % (what, key))
+        if value is None or isinstance(value, (dict, list)):
+            raise SecretError("%s.%s: the value must be a string (got %s); quote it in the inventory"
+                              % (what, key, type(value).__name__))
+        text = str(value)
+        if "\0" in text:
+            raise SecretError("%s.%s: the value contains a NUL byte, which no environment can carry; remove it"
+                              % (what, key))
+        lines.append("%s=%s" % (key, shlex.quote(text)))
+    return "".join(line + "\n" for line in lines)
+
+
+def non_carry_over_with_secrets(keys: Sequence[str], secret_keys: Sequence[str] = ()) -> list[str]:
+    """vLLM's non-carry-over list plus every secret key: a secret stays in the process that read it."""
+    return sorted(set(keys) | set(ALWAYS_SECRET_KEYS) | {str(k) for k in secret_keys})

@@ -1,0 +1,52 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Secret env files (_secrets.py): what sh reads back is exactly what was written; errors never show the value."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from ansible_collections.multinode.vllm.plugins.module_utils._secrets import (
+    ALWAYS_SECRET_KEYS,
+    SOURCE_ARGV,
+    SecretError,
+    non_carry_over_with_secrets,
+    secret_env_file,
+)
+
+HOSTILE = [
+    "plain", "", "with space", "it's", 'double "quoted"', "$HOME and $(id) and `id`", "back\\slash", "semi;colon",
+    "new\nline", "tab\there", "trailing newline\n", "-e", "--split-string=x", "=x=y", "'; rm -rf / #", "\u00e9t\u00e9 \u2713",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_sourced_by_sh_the_value_comes_back_unchanged(tmp_path, value):
+    path = tmp_path / "secret.env"
+    path.write_text(secret_env_file({"MY_SECRET": value, "OTHER": "x"}))
+    # The real reader: the same sh prefix the roles put before the program.
+    out = subprocess.run(list(SOURCE_ARGV) + [str(path), "/usr/bin/env", "-0"], capture_output=True, check=True,
+                         env={"PATH": "/usr/bin:/bin"}).stdout
+    env = dict(item.split(b"=", 1) for item in out.split(b"\0") if b"=" in item)
+    assert env[b"MY_SECRET"].decode() == value and env[b"OTHER"] == b"x"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"BAD-KEY": "x"}, "key 'BAD-KEY' is not an environment variable name"),
+    ({"1X": "x"}, "key '1X'"),
+    ({"K": "a\0b"}, "vllm_secret_env.K: the value contains a NUL byte"),
+    ({"K": {"a": 1}}, "vllm_secret_env.K: the value must be a string"),
+])
+def test_bad_secrets_are_refused_without_showing_the_value(values, message):
+    with pytest.raises(SecretError) as info:
+        secret_env_file(values)
+    assert message in str(info.value)
+    assert "a\0b" not in str(info.value)
+
+
+def test_secret_keys_are_never_carried_to_ray_workers():
+    assert non_carry_over_with_secrets(["VLLM_HOST_IP"], ["MY_SECRET"]) == sorted(
+        {"VLLM_HOST_IP", "MY_SECRET", *ALWAYS_SECRET_KEYS})
+    assert "VLLM_API_KEY" in ALWAYS_SECRET_KEYS and "HF_TOKEN" in ALWAYS_SECRET_KEYS
