@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from ._fabric import FabricError, FabricSelection, parse_cidr
+from ._text import one_line_error
 
 # Keys whose value is specific to one node. vLLM's Ray executor copies the
 # driver's (head's) NCCL_*/UCX_* values to every worker unless the key is in
@@ -58,6 +59,13 @@ class EnvSettings:
 def _check_key(key: str, where: str) -> None:
     if not _ENV_KEY.match(key):
         raise FabricError("%s: %r is not a valid environment variable name" % (where, key))
+
+
+def _check_line(variable: str, value: Any, where: str = "") -> None:
+    # Values end up in the env file and argv: one line, no NUL (_text.py says why).
+    error = one_line_error(variable, value)
+    if error:
+        raise FabricError("%s: %s" % (where, error) if where else error)
 
 
 def node_environment(
@@ -108,10 +116,12 @@ def node_environment(
         env["MASTER_ADDR"] = settings.head_fabric_ip
         env["MASTER_PORT"] = str(settings.master_port)
     if settings.vllm_config_root:
+        _check_line("node_env_vllm_config_root", settings.vllm_config_root, host)
         env["VLLM_CONFIG_ROOT"] = settings.vllm_config_root
 
     for key, value in (settings.extra or {}).items():
         _check_key(key, host)
+        _check_line("node_env_extra[%s]" % key, value, host)
         if key in env:
             raise FabricError(
                 "%s: extra environment sets %s, which the collection computes from the fabric (%s=%s); "
@@ -120,6 +130,7 @@ def node_environment(
         env[key] = str(value)
     for key, value in (overrides or {}).items():
         _check_key(key, host)
+        _check_line("node_env_overrides[%s]" % key, value, host)
         env[key] = str(value)
     return env
 
@@ -172,14 +183,13 @@ def env_file(env: Mapping[str, str]) -> str:
     """KEY=VALUE lines, readable by docker --env-file, systemd EnvironmentFile and the lab runtime.
 
     Values are written raw (no quotes) because docker's env-file format takes
-    them literally; a value with a newline cannot be represented and is refused.
+    them literally; a value with a line break or NUL cannot be represented and is refused.
     """
     lines = []
     for key in sorted(env):
         _check_key(key, "env file")
         value = str(env[key])
-        if "\n" in value or "\r" in value:
-            raise FabricError("environment value of %s contains a newline, which env files cannot carry" % key)
+        _check_line("env file value of %s" % key, value)
         lines.append("%s=%s" % (key, value))
     return "\n".join(lines) + "\n"
 
@@ -242,6 +252,7 @@ def ray_start_args(
             raise FabricError("head node_ip %s differs from head_ip %s" % (node_ip, head_ip))
         args += ["--head", "--node-ip-address", node_ip, "--port", _port(settings.gcs_port, "gcs_port")]
         if settings.include_dashboard:
+            _check_line("dashboard_host", settings.dashboard_host)
             args += ["--include-dashboard=true", "--dashboard-host", settings.dashboard_host]
         else:
             args += ["--include-dashboard=false"]
@@ -267,6 +278,8 @@ def ray_start_args(
         args += ["--num-gpus", str(int(settings.num_gpus))]
     if settings.num_cpus is not None:
         args += ["--num-cpus", str(int(settings.num_cpus))]
+    for index, arg in enumerate(settings.extra_args):
+        _check_line("ray_extra_args[%d]" % index, arg)
     args += [str(a) for a in settings.extra_args]
     if settings.block:
         args.append("--block")

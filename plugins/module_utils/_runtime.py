@@ -31,6 +31,7 @@ import shlex
 from typing import Any, Mapping, Optional, Sequence
 
 from ._fabric import FabricError
+from ._text import one_line_error
 
 RUNTIMES = ("process", "systemd", "docker")
 
@@ -45,6 +46,19 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 def _check_name(name: str, what: str) -> None:
     if not _NAME.match(name or ""):
         raise FabricError("%s %r must be letters, digits, '.', '_' or '-' (and not start with a punctuation)" % (what, name))
+
+
+def _command_words(command: Sequence[Any]) -> list[tuple[str, str]]:
+    return [("word %d of the command" % index, str(word)) for index, word in enumerate(command)]
+
+
+def _check_lines(where: str, named: Sequence[tuple[str, str]]) -> None:
+    # The last line of defence: the roles' filters refuse these earlier, naming the inventory variable.
+    for what, value in named:
+        error = one_line_error("%s, %s" % (where, what), value)
+        if error:
+            raise FabricError(error + "; it comes from vllm_model, vllm_served_model_name, vllm_extra_args, "
+                              "ray_extra_args or a path variable of the role")
 
 
 def config_hash(env: Mapping[str, str], args: Sequence[str], extra: Optional[Mapping[str, Any]] = None) -> str:
@@ -76,6 +90,22 @@ def _supervisor_value(value: str) -> str:
     return value.replace("%", "%%")
 
 
+def _supervisor_command(command: Sequence[str]) -> str:
+    """The ``command=`` value: supervisor reads it back with ``shlex.split`` after its config parser.
+
+    Two things of that parser reach inside shell quotes: a ';' or '#' after whitespace starts an inline comment
+    (the rest of the line is dropped), and '%(here)s' is replaced before '%%' is expanded. Closing and reopening
+    the quote ('' is nothing to shlex) keeps both pairs apart; either only occurs in a word shlex.quote quoted.
+    """
+    words = []
+    for part in command:
+        word = shlex.quote(str(part))
+        if word.startswith("'"):
+            word = word.replace(";", "'';").replace("#", "''#").replace("%(", "%''(")
+        words.append(word)
+    return _supervisor_value(" ".join(words))
+
+
 def supervisor_program(
     name: str,
     command: Sequence[str],
@@ -92,10 +122,10 @@ def supervisor_program(
     _check_name(name, "program name")
     if not command:
         raise FabricError("program %s: the command is empty" % name)
-    line = " ".join(shlex.quote(str(part)) for part in command)
+    _check_lines("program %s" % name, _command_words(command) + [("log_dir", log_dir)])
     lines = [
         "[program:%s]" % name,
-        "command=%s" % _supervisor_value(line),
+        "command=%s" % _supervisor_command(command),
         'environment=%s="%s"' % (HASH_ENV, digest),
         "autostart=true",
         "autorestart=true",
@@ -170,6 +200,8 @@ def systemd_unit(
         raise FabricError("systemd needs an absolute program path; got %r" % program)
     if not env_file_path.startswith("/"):
         raise FabricError("systemd needs an absolute EnvironmentFile path; got %r" % env_file_path)
+    _check_lines("unit %r" % description, _command_words([program] + list(args))
+                 + [("EnvironmentFile", env_file_path), ("Description", description)])
     exec_start = " ".join(_systemd_quote(a) for a in [program] + [str(a) for a in args])
     after_line = " ".join(after)
     lines = [
@@ -222,6 +254,9 @@ def docker_container_params(
     only, the env file, and ``--restart unless-stopped``.
     """
     _check_name(name, "container name")
+    # Docker passes argv as a list, but NUL ends a word in execve and the env file is line based.
+    _check_lines("container %s" % name, _command_words([program] + list(args))
+                 + [("env_file", env_file_path), ("image", image)])
     if not image:
         raise FabricError("container %s: no image given; set the image variable" % name)
     if gpus == "all":

@@ -7,6 +7,8 @@
   only, Ray executor) or ``native`` (every node, ``--nnodes``/``--node-rank``,
   ranks above 0 ``--headless``).
 - ``check_parallel``: tensor * pipeline parallel size against nodes and GPUs.
+- ``serve_env_words``: the ``/usr/bin/env KEY=VALUE`` words of vllm serve
+  (its settings, then ``vllm_env``), every key and value checked.
 - ``health_ok`` / ``models_list`` / ``completion_result``: readiness stages.
 - ``meaningful_line`` / ``likely_cause``: what a log tail says, mapped to the
   failure table of the networking reference (signature -> cause -> fix).
@@ -24,6 +26,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from ._text import one_line_error
 
 BACKENDS = ("ray", "native")
 
@@ -123,6 +127,14 @@ def serve_args(
         raise ServeError("vllm_backend %r is not one of %s" % (backend, ", ".join(BACKENDS)))
     if not settings.model:
         raise ServeError("no model given; set vllm_model to a path on every node or a model id")
+    # Every value below becomes a word of a supervisor section or a systemd unit: one line, no NUL.
+    named = [("vllm_model", settings.model), ("vllm_served_model_name", settings.served_model_name),
+             ("vllm_api_host", settings.api_host), ("vllm_dtype", settings.dtype)]
+    named += [("vllm_extra_args[%d]" % i, arg) for i, arg in enumerate(settings.extra_args)]
+    for variable, value in named:
+        error = one_line_error(variable, value)
+        if error:
+            raise ServeError(error)
     for arg in settings.extra_args:
         name = str(arg).split("=", 1)[0]
         if name in _OWNED_FLAGS:
@@ -169,17 +181,59 @@ def serve_args(
     return args
 
 
-def env_prefix(env: Mapping[str, Any]) -> list[str]:
-    """``KEY=VALUE`` words for ``/usr/bin/env`` (serve-only settings), sorted."""
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def env_prefix(env: Mapping[str, Any], variable: str = "the serve environment") -> list[str]:
+    """``KEY=VALUE`` words for ``/usr/bin/env`` (serve-only settings), sorted; a None value leaves its key out.
+
+    GNU env reads a word starting with '-' before the first ``KEY=VALUE`` as an option (``--split-string``
+    runs a shell) and splits a word at its first '=', so a key must be a plain variable name.
+    """
     words = []
-    for key in sorted(env):
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
-            raise ServeError("%r is not a valid environment variable name" % (key,))
+    for key in sorted(env, key=str):
+        if not _ENV_KEY.match(str(key)):
+            raise ServeError(
+                "%s has the key %r, which is not a valid environment variable name: expected letters, digits and '_', "
+                "not starting with a digit (/usr/bin/env would read a key starting with '-' as an option and a "
+                "key holding '=' as part of its value); rename or remove it" % (variable, key)
+            )
         value = env[key]
         if value is None:
             continue
+        error = one_line_error("%s[%s]" % (variable, key), value)
+        if error:
+            raise ServeError(error)
         words.append("%s=%s" % (key, value))
     return words
+
+
+def serve_env_words(
+    cache_root: str,
+    ray_address: str = "",
+    hf_home: str = "",
+    hf_offline: bool = False,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> list[str]:
+    """The ``/usr/bin/env`` words of vllm serve: its own settings, then ``vllm_env`` (which may replace them).
+
+    The only builder of these words: each key and value is checked and the message names its variable.
+    """
+    for variable, value in (("vllm_cache_root", cache_root), ("vllm_hf_home", hf_home)):
+        error = one_line_error(variable, value)
+        if error:
+            raise ServeError(error)
+    env: dict[str, Any] = {"VLLM_CACHE_ROOT": cache_root}
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    if hf_home:
+        env["HF_HOME"] = hf_home
+    if hf_offline:
+        env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    extra = dict(extra or {})
+    env_prefix(extra, "vllm_env")  # checked under its own name before the merge
+    env.update(extra)
+    return env_prefix(env)
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,97 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""roles/serve/tasks/main.yml: vllm serve's /usr/bin/env words come from the validated builder, templated as the role does."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from ansible.errors import AnsibleError
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", ".."))
+TASKS = os.path.join(ROOT, "roles", "serve", "tasks", "main.yml")
+DEFAULTS = os.path.join(ROOT, "roles", "serve", "defaults", "main.yml")
+HEAD = "198.18.200.12"
+
+
+def _collection_modules():
+    return {name: module for name, module in sys.modules.items()
+            if name == "ansible_collections" or name.startswith("ansible_collections.")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collections():
+    """The role's filters, found the way ansible-playbook finds them (ansible.cfg's collections_path).
+
+    Ansible's collection finder cannot load a package the other tests already imported from PYTHONPATH, so those
+    modules step aside for this module's tests and come back after.
+    """
+    from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
+
+    saved = _collection_modules()
+    for name in saved:
+        del sys.modules[name]
+    _AnsibleCollectionFinder(paths=[os.path.join(ROOT, ".cache", "collections")])._install()
+    yield
+    _AnsibleCollectionFinder._remove()
+    for name in _collection_modules():
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
+def _task_setting(name):
+    """(expression, task vars) of the set_fact task that sets ``name``."""
+    loader = DataLoader()
+    for task in loader.load_from_file(TASKS, trusted_as_template=True):
+        facts = task.get("ansible.builtin.set_fact") or {}
+        if name in facts:
+            return facts[name], dict(task.get("vars") or {})
+    raise AssertionError("no set_fact task of %s sets %s" % (TASKS, name))
+
+
+def _env_words(vllm_env, **overrides):
+    expression, task_vars = _task_setting("__serve_env_words")
+    variables = dict(DataLoader().load_from_file(DEFAULTS, trusted_as_template=True))
+    variables.update(task_vars)
+    variables.update({
+        "inventory_hostname": "spark1",
+        "groups": {"ray_head": ["spark1"], "ray_workers": ["spark2"]},
+        "hostvars": {"spark1": {"multinode_fabric": {"ip": HEAD, "mgmt_ip": "198.19.1.10"}}},
+        "__serve_head": "spark1",
+        "vllm_env": vllm_env,
+    })
+    variables.update(overrides)
+    return Templar(loader=DataLoader(), variables=variables).template(expression)
+
+
+def test_the_words_of_the_lab_inventory():
+    words = _env_words({"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONDONTWRITEBYTECODE": "1"}, vllm_hf_offline=True)
+    assert words == ["HF_HUB_OFFLINE=1", "PYTHONDONTWRITEBYTECODE=1", "RAY_ADDRESS=%s:6379" % HEAD,
+                     "TRANSFORMERS_OFFLINE=1", "VLLM_CACHE_ROOT=/var/lib/multinode-vllm/cache/vllm",
+                     "VLLM_CPU_KVCACHE_SPACE=1"]
+
+
+@pytest.mark.parametrize("key", ["--split-string", "-S", "-i", "A=B", "1A", ""])
+def test_a_key_env_would_read_as_an_option_is_refused_naming_vllm_env(key):
+    with pytest.raises(AnsibleError) as caught:
+        _env_words({key: "sh -c id"})
+    message = str(caught.value)
+    assert "vllm_env" in message and repr(key) in message and "not a valid environment variable name" in message
+
+
+def test_a_value_with_a_line_break_is_refused_naming_vllm_env():
+    with pytest.raises(AnsibleError, match=r"vllm_env\[EVIL\] = 'x\\n\[program:evil\]"):
+        _env_words({"EVIL": "x\n[program:evil]"})
+
+
+def test_the_render_runs_usr_bin_env_with_exactly_these_words():
+    expression, task_vars = _task_setting("__serve_render")
+    assert "__serve_env_words" in expression and task_vars["__serve_program"].strip().endswith("['/usr/bin/env'] }}")
+    # No other task of the role joins KEY=VALUE words itself.
+    with open(TASKS) as handle:
+        assert "map('join', '=')" not in handle.read()
