@@ -92,6 +92,12 @@ def read_environ(pid: int, proc_root: str = "/proc") -> dict[str, str]:
     return env
 
 
+def carries_hash(pid: int, proc_root: str = "/proc") -> bool:
+    """The process was started by this collection (its environment holds the config hash every runtime sets)."""
+    raw = _read(os.path.join(proc_root, str(pid), "environ")) or b""
+    return any(part.startswith(HASH_ENV.encode() + b"=") for part in raw.split(b"\0"))
+
+
 def is_ray_process(proc: Proc) -> bool:
     """A process of a Ray node: raylet, GCS, Ray's Python helpers and workers, or `ray start` itself."""
     if proc.name in _RAY_NAMES or proc.name.startswith("ray::"):
@@ -239,12 +245,22 @@ def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
     managed_pids = set()
     if sup is not None:
         managed_pids = {p.pid for p in ray if sup in ancestors(p.pid, procs)}
-    state["foreign_pids"] = [p.pid for p in ray if p.pid not in managed_pids]
+    # Started by this collection under any runtime: every program it starts carries its config hash in the
+    # environment (supervisor environment=, systemd Environment=, docker env), inherited by its children, and
+    # still there after a reparent (supervisord stopped first). Foreign: neither under our supervisord nor
+    # carrying the hash (a hand-started Ray); only ray_stop_foreign lets the collection stop those. Strays: ours,
+    # but not under this node's supervisord (the units of systemd/docker, or orphans of the process runtime).
+    hashed = {p.pid for p in ray if carries_hash(p.pid, proc_root)}
+    state["foreign_pids"] = [p.pid for p in ray if p.pid not in managed_pids and p.pid not in hashed]
+    state["stray_pids"] = [p.pid for p in ray if p.pid not in managed_pids and p.pid in hashed]
+    state["ours_pids"] = sorted(managed_pids | hashed)
     # vllm serve here (a native rank left on a worker, or the head's server), and whether our supervisord runs it.
     serve_pid, serve_pids = serve_tree(procs, me)
     state["serve_pid"] = serve_pid
     state["serve_pids"] = serve_pids
     state["serve_managed"] = serve_pid is not None and sup is not None and sup in ancestors(serve_pid, procs)
+    state["serve_ours_pids"] = [pid for pid in serve_pids
+                                if (sup is not None and sup in ancestors(pid, procs)) or carries_hash(pid, proc_root)]
     if raylets:
         raylet = raylets[0]
         env = read_environ(raylet.pid, proc_root)

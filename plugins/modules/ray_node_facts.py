@@ -67,7 +67,16 @@ ansible_facts:
         supervisord_pid: {description: This node's supervisord; null when not running., type: int}
         managed: {description: The raylet descends from this node's supervisord., type: bool}
         processes: {description: "Every Ray process here (pid, name).", type: list, elements: dict}
-        foreign_pids: {description: Ray processes not started by this node's supervisord., type: list, elements: int}
+        foreign_pids:
+          description: Ray processes this collection did not start (not under its supervisord, no config hash).
+          type: list
+          elements: int
+        stray_pids:
+          description: Ray processes of this collection not under this node's supervisord.
+          type: list
+          elements: int
+        ours_pids: {description: Ray processes this collection started., type: list, elements: int}
+        serve_ours_pids: {description: vllm serve processes this collection started., type: list, elements: int}
         serve_pid: {description: "The main C(vllm serve) process in this network namespace; null when none.", type: int}
         serve_pids: {description: "Every process of the C(vllm serve) trees here.", type: list, elements: int}
         serve_managed: {description: The main C(vllm serve) process descends from this node's supervisord., type: bool}

@@ -12,7 +12,9 @@ description:
   - The equivalent of C(ray stop --force) limited to this host's network namespace. C(ray stop) matches processes by
     name across the whole PID namespace; where nodes share one (the lab) it would also kill the other nodes' Ray.
   - O(scope=foreign) stops only Ray processes that this node's supervisord did not start (a hand-started Ray, as in
-    the incident); O(scope=all) stops every Ray process here.
+    the incident); O(scope=ours) only those this collection started (under any runtime: their environment holds
+    its config hash; found again after supervisord is stopped); O(scope=strays) only those of its processes that
+    are not under this node's supervisord (orphans of the process runtime); O(scope=all) every Ray process here.
   - Sends SIGTERM, waits up to O(timeout) seconds, then SIGKILLs what is left.
   - In check mode reports what it would stop and stops nothing.
 author:
@@ -30,7 +32,7 @@ options:
   scope:
     description: Which Ray processes to stop.
     type: str
-    choices: [foreign, all]
+    choices: [foreign, strays, ours, all]
     default: foreign
   supervisord_pidfile:
     description: Pidfile of this node's supervisord (its descendants are not foreign).
@@ -73,6 +75,11 @@ killed:
   returned: always
   type: list
   elements: int
+left:
+  description: Ray processes left running here because the scope excludes them (with O(scope=ours), not ours).
+  returned: always
+  type: list
+  elements: dict
 """
 
 import os
@@ -95,7 +102,7 @@ def _alive(pid):
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            scope=dict(type="str", choices=["foreign", "all"], default="foreign"),
+            scope=dict(type="str", choices=["foreign", "strays", "ours", "all"], default="foreign"),
             supervisord_pidfile=dict(type="path", default="/run/multinode-vllm/supervisord.pid"),
             timeout=dict(type="float", default=10),
             stop_supervisord=dict(type="bool", default=False),
@@ -116,16 +123,18 @@ def main() -> None:
         if _alive(sup):
             os.kill(sup, signal.SIGKILL)
         state = node_state(module.params["supervisord_pidfile"])
-    if module.params["scope"] == "all":
+    scope = module.params["scope"]
+    if scope == "all":
         pids = [p["pid"] for p in state["processes"]]
     else:
-        pids = list(state["foreign_pids"])
+        pids = list(state["%s_pids" % scope])
     names = {p["pid"]: p["name"] for p in state["processes"]}
     stopped = [
         dict(pid=pid, name=names.get(pid), node_ip_address=state["node_ip_address"] if pid == state["raylet_pid"] else None)
         for pid in pids
     ]
-    result = dict(changed=bool(pids) or sup is not None, supervisord=sup, stopped=stopped, killed=[], node=state)
+    result = dict(changed=bool(pids) or sup is not None, supervisord=sup, stopped=stopped, killed=[], node=state,
+                  left=[dict(pid=p["pid"], name=p["name"]) for p in state["processes"] if p["pid"] not in pids])
     if not pids or module.check_mode:
         module.exit_json(**result)
     for pid in pids:
@@ -145,13 +154,15 @@ def main() -> None:
                 pass
     # Ray may have spawned workers meanwhile: one more sweep.
     again = node_state(module.params["supervisord_pidfile"])
-    rest = [p["pid"] for p in again["processes"]] if module.params["scope"] == "all" else again["foreign_pids"]
+    rest = [p["pid"] for p in again["processes"]] if scope == "all" else again["%s_pids" % scope]
     for pid in rest:
         try:
             os.kill(pid, signal.SIGKILL)
             result["killed"].append(pid)
         except ProcessLookupError:
             pass
+    result["left"] = [dict(pid=p["pid"], name=p["name"])
+                      for p in node_state(module.params["supervisord_pidfile"])["processes"]]
     module.exit_json(**result)
 
 

@@ -60,7 +60,9 @@ def ssh(node, script, check=True):
 
 
 def playbook(name, *args, check=True):
-    return run(PLAYBOOK + [str(ROOT / "playbooks" / name)] + list(args), check=check)
+    # The hand-launched Ray and vllm serve are not the collection's: teardown stops them only with the opt-in.
+    extra = ["-e", "multinode_stop_foreign=true"] if name == "teardown.yml" else []
+    return run(PLAYBOOK + [str(ROOT / "playbooks" / name)] + extra + list(args), check=check)
 
 
 def api_key():

@@ -78,7 +78,13 @@ def test_incident_is_caught_by_verify_within_15s(lab):
 
 
 def test_deploy_repairs_the_incident(lab):
-    result = run_playbook("playbooks/deploy.yml", *NO_SERVE)
+    # Without the opt-in, the hand-started Ray is not the collection's to stop: the deploy fails naming it.
+    refused = run_playbook("playbooks/deploy.yml", *NO_SERVE)
+    assert refused.rc != 0
+    assert "Nothing was stopped" in refused.output and "-e ray_stop_foreign=true" in refused.output, \
+        refused.output[-3000:]
+    assert "--node_ip_address=198.19.1.10" in raylet_cmdline("spark1")  # still the hand-started one
+    result = run_playbook("playbooks/deploy.yml", *NO_SERVE, "-e", "ray_stop_foreign=true")
     assert result.rc == 0, result.output[-5000:]
     assert "spark1: a Ray that multinode.vllm did not start is running here" in result.output
     assert "registered as 198.19.1.10" in result.output and "without --node-ip-address" in result.output

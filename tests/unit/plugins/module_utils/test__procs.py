@@ -183,3 +183,21 @@ def test_a_serve_process_started_by_hand_is_not_managed(proc_root, tmp_path):
     write_proc(proc_root, 70, 1, "vllm", [VENV + "/bin/vllm", "serve", "/m", "--headless"], MINE)
     state = node_state(str(tmp_path / "none.pid"), proc_root)
     assert (state["serve_pid"], state["serve_pids"], state["serve_managed"]) == (70, [70], False)
+
+
+def test_ours_is_what_carries_the_config_hash_even_after_a_reparent(proc_root, tmp_path):
+    """issue 17: a stop without the opt-in touches only what this collection started (under any runtime)."""
+    pidfile = str(tmp_path / "supervisord.pid")
+    managed_node(proc_root, pidfile)
+    # A Ray started by hand beside ours (no hash), and one of our workers reparented to init (hash inherited).
+    write_proc(proc_root, 40, 1, "raylet", [SP + "/core/src/ray/raylet/raylet", "--node_ip_address=198.19.1.10"], MINE)
+    write_proc(proc_root, 41, 1, "ray::IDLE", ["ray::IDLE"], MINE, {"MULTINODE_VLLM_CONFIG_HASH": "abc"})
+    state = node_state(pidfile, proc_root)
+    assert state["ours_pids"] == [11, 12, 13, 14, 41] and 40 not in state["ours_pids"]
+    assert state["foreign_pids"] == [40] and state["stray_pids"] == [41]
+    # Without our supervisord (stopped first), only the hash tells: the reparented worker and the raylet.
+    state = node_state(str(tmp_path / "none.pid"), proc_root)
+    assert state["ours_pids"] == [13, 41]
+    write_proc(proc_root, 70, 1, "vllm", [VENV + "/bin/vllm", "serve", "/m"], MINE)
+    write_proc(proc_root, 71, 70, "VLLM::EngineCor", ["VLLM::EngineCore"], MINE, {"MULTINODE_VLLM_CONFIG_HASH": "x"})
+    assert node_state(pidfile, proc_root)["serve_ours_pids"] == [71]  # the hand-started server itself is not ours
