@@ -1,12 +1,17 @@
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Run a short-lived server detached from the module process.
+"""Run a short-lived server detached from the module process, and guard what it reads before authenticating.
 
 The fabric probe listener and the model sender both bind their sockets in the
 module (so errors surface as task failures), replacing a stale server of their
 own kind on the same port, then serve from a grandchild that has its own
 session and /dev/null as stdio, so Ansible's connection can close.
+
+Both listen on the fabric, where any host can connect: ``ConnectionGate`` admits
+only the expected peers' addresses, a bounded number each, before a byte is
+read or a thread started; ``LineReader`` reads each line within a size and a
+time bound.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import threading
 import time
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterable, Optional, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -84,3 +90,87 @@ def run_detached(work: Callable[[], None], handed_over: Sequence[socket.socket])
     with os.fdopen(read_end, "rb") as handle:
         pid_text = handle.read().decode()
     return int(pid_text) if pid_text.isdigit() else 0
+
+
+class LineTooLong(ValueError):
+    """A peer sent more than the bound without a newline."""
+
+
+class LineReader:
+    """Newline-terminated lines from a socket, each within ``limit`` bytes and ``seconds``.
+
+    The time bound is for the whole line, not each recv: a peer that trickles one byte at a time is cut off
+    as surely as one that sends nothing. Never holds more than ``limit`` bytes.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def readline(self, limit: int, seconds: float) -> bytes:
+        """The next line, newline included; b"" when the peer closed (a partial last line is dropped).
+
+        Raises LineTooLong past ``limit`` bytes, socket.timeout (an OSError) past ``seconds``.
+        """
+        deadline = time.monotonic() + seconds
+        while b"\n" not in self.buffer:
+            if len(self.buffer) >= limit:
+                raise LineTooLong("no newline within %d bytes" % limit)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout("no complete line within %g s" % seconds)
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(limit - len(self.buffer))
+            if not chunk:
+                return b""
+            self.buffer += chunk
+        line, _newline, self.buffer = self.buffer.partition(b"\n")
+        if len(line) >= limit:
+            raise LineTooLong("no newline within %d bytes" % limit)
+        return line + b"\n"
+
+
+class ConnectionGate:
+    """Admit a connection only from an allowed address that holds fewer than ``per_address`` open ones.
+
+    Decided on accept, from the peer address alone: a refused peer costs no read and no thread, and the
+    expected peers' budgets are separate, so idle connections from one cannot lock another out.
+    """
+
+    def __init__(self, allowed: Iterable[str], per_address: int) -> None:
+        self.allowed = frozenset(allowed)
+        self.per_address = per_address
+        self.open: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def admit(self, address: str) -> Optional[str]:
+        """None, counting the connection (``release`` it when done); else why it is refused."""
+        if address not in self.allowed:
+            return "not allowed"
+        with self.lock:
+            count = self.open.get(address, 0)
+            if count >= self.per_address:
+                return "busy"
+            self.open[address] = count + 1
+        return None
+
+    def release(self, address: str) -> None:
+        with self.lock:
+            self.open[address] -= 1
+
+    def total(self) -> int:
+        with self.lock:
+            return sum(self.open.values())
+
+
+def refuse(conn: socket.socket, answer: bytes = b"") -> None:
+    """Send a short answer without blocking and close, reading nothing (the accept loop calls this)."""
+    try:
+        conn.setblocking(False)
+        if answer:
+            conn.send(answer)  # a fresh socket's send buffer takes a short line at once
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        conn.close()

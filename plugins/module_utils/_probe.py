@@ -13,6 +13,7 @@ and the list of broken pairs the controller fails on.
 from __future__ import annotations
 
 import errno
+import hmac
 import json
 import os
 import select
@@ -24,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ._detach import bind_replacing, listen_error, run_detached
+from ._detach import ConnectionGate, LineReader, bind_replacing, listen_error, refuse, run_detached
 
 # Linux socket options for "do not fragment" on UDP (linux/in.h).
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
@@ -70,22 +71,11 @@ def stop_listener(port: int) -> bool:
         return False
 
 
-def _quit_stale_listener(ip: str, port: int) -> None:
-    """Ask an earlier probe listener on ip:port to exit (it answers only to our protocol).
-
-    The control socket first; then over TCP, for a listener that has none.
-    """
-    if stop_listener(port):
-        return
-    try:
-        with socket.create_connection((ip, port), timeout=1.0) as conn:
-            conn.sendall(MAGIC + b" QUIT\n")
-    except OSError:
-        pass
-
-
 def bind_listener(ip: str, port: int, wait: float = 3.0) -> tuple[socket.socket, socket.socket]:
-    """Bind the TCP and UDP listener sockets on ip:port, replacing a stale probe listener."""
+    """Bind the TCP and UDP listener sockets on ip:port, replacing a stale probe listener.
+
+    A stale listener is asked to quit through its control socket: over TCP it would need its own run's token.
+    """
     def bind() -> tuple[socket.socket, socket.socket]:
         tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -101,21 +91,42 @@ def bind_listener(ip: str, port: int, wait: float = 3.0) -> tuple[socket.socket,
         return tcp, udp
 
     try:
-        return bind_replacing(bind, lambda: _quit_stale_listener(ip, port), wait, tick=0.2)
+        return bind_replacing(bind, lambda: stop_listener(port), wait, tick=0.2)
     except OSError as exc:
         raise ProbeError(listen_error(exc, ip, port, "fabric_probe_port"))
+
+
+# What a connection may send (tests/unit/.../test__probe.py, "Before the token"): a line is MAGIC, a verb, a host
+# name and the token; each must arrive within LINE_SECONDS (a prober sends its next line at once).
+LINE_LIMIT = 1024
+LINE_SECONDS = 10.0
+# Open connections per peer address: a prober holds one (PING), then one more (DONE).
+PER_PEER_CONNECTIONS = 4
+CONTROL_CONNECTIONS = 8
 
 
 def serve(
     tcp: socket.socket,
     udp: socket.socket,
     host: str,
-    expected_peers: Sequence[str],
+    expected_peers: Mapping[str, str],
     lifetime: float,
     control: Optional[socket.socket] = None,
+    token: str = "",
 ) -> None:
-    """Answer probes until every expected peer said DONE, a QUIT arrives, or lifetime ends."""
+    """Answer probes until every expected peer said DONE, a QUIT arrives, or lifetime ends.
+
+    ``expected_peers`` maps each peer's name to its fabric address. Only those addresses are answered (TCP and
+    UDP), a few connections each; DONE and QUIT over TCP count only with ``token`` (this run's), QUIT on the
+    node-local control socket without. An empty token honours neither.
+    """
     deadline = time.monotonic() + lifetime
+    names_at: dict[str, set[str]] = {}
+    for name, address in expected_peers.items():
+        names_at.setdefault(str(address), set()).add(str(name))
+    gate = ConnectionGate(names_at, PER_PEER_CONNECTIONS)
+    control_gate = ConnectionGate(["control"], CONTROL_CONNECTIONS)
+    secret = token.encode()
     done: set[str] = set()
     stop = threading.Event()
     lock = threading.Lock()
@@ -124,31 +135,39 @@ def serve(
     quitters: list[socket.socket] = []
     closed = False
 
-    def handle(conn: socket.socket) -> None:
-        conn.settimeout(max(0.1, deadline - time.monotonic()))
+    def authentic(parts: list[bytes], index: int) -> bool:
+        return bool(secret) and len(parts) > index and hmac.compare_digest(parts[index], secret)
+
+    def handle(conn: socket.socket, origin: str) -> None:
+        """One admitted connection; ``origin`` is the peer address, or "control" for the control socket."""
+        reader = LineReader(conn)
         try:
-            reader = conn.makefile("rb")
-            for line in reader:
-                parts = line.strip().split()
+            while True:
+                parts = reader.readline(LINE_LIMIT, max(0.1, min(LINE_SECONDS, deadline - time.monotonic()))).split()
                 if len(parts) < 2 or parts[0] != MAGIC:
                     return
                 verb = parts[1]
-                if verb == b"PING":
+                if verb == b"PING" and origin != "control":
                     conn.sendall(MAGIC + b" PONG " + host.encode() + b"\n")
-                elif verb == b"DONE" and len(parts) > 2:
-                    with lock:
-                        done.add(parts[2].decode(errors="replace"))
-                        if set(expected_peers) <= done:
-                            stop.set()
+                elif verb == b"DONE" and len(parts) > 2 and origin != "control":
+                    name = parts[2].decode(errors="replace")
+                    if name in names_at[origin] and authentic(parts, 3):
+                        with lock:
+                            done.add(name)
+                            if set(expected_peers) <= done:
+                                stop.set()
                     return
-                elif verb == b"QUIT":
+                elif verb == b"QUIT" and (origin == "control" or authentic(parts, 2)):
                     with lock:
                         quitters.append(conn)
                     stop.set()
                     return
-        except OSError:
+                else:
+                    return
+        except Exception:  # pylint: disable=broad-except  # one connection's failure never stops the listener
             return
         finally:
+            (control_gate if origin == "control" else gate).release(origin)
             with lock:
                 if closed or conn not in quitters:
                     conn.close()
@@ -160,24 +179,24 @@ def serve(
         watched = [tcp, udp] + ([control] if control is not None else [])
         readable = select.select(watched, [], [], min(remaining, 0.5))[0]
         for sock in readable:
-            if control is not None and sock is control:
-                try:
-                    conn = control.accept()[0]
-                except OSError:
-                    continue
-                threading.Thread(target=handle, args=(conn,), daemon=True).start()
-            elif sock is udp:
+            if sock is udp:
                 try:
                     data, peer = udp.recvfrom(65535)
-                    udp.sendto(data, peer)
+                    if peer[0] in names_at:  # echo only to a peer: no reflector for anyone else
+                        udp.sendto(data, peer)
                 except OSError:
                     pass
-            else:
-                try:
-                    conn = tcp.accept()[0]
-                except OSError:
-                    continue
-                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+                continue
+            try:
+                conn, addr = sock.accept()
+            except OSError:
+                continue
+            origin = "control" if sock is control else addr[0]
+            # Decided before reading a byte: a stranger, or a peer over its few connections, costs no thread.
+            if (control_gate if origin == "control" else gate).admit(origin) is not None:
+                refuse(conn)
+                continue
+            threading.Thread(target=handle, args=(conn, origin), daemon=True).start()
     tcp.close()
     udp.close()
     if control is not None:
@@ -207,16 +226,21 @@ def bind_control(port: int, wait: float = 3.0) -> socket.socket:
 
 
 def spawn_listener(
-    ip: str, port: int, host: str, expected_peers: Sequence[str], lifetime: float
+    ip: str, port: int, host: str, expected_peers: Mapping[str, str], lifetime: float, token: str
 ) -> int:
-    """Bind now (errors surface here), then serve from a detached grandchild. Returns its pid."""
+    """Bind now (errors surface here), then serve from a detached grandchild. Returns its pid.
+
+    ``expected_peers`` maps each peer's name to its fabric address; ``token`` is this run's (DONE carries it).
+    """
+    if not token:
+        raise ProbeError("the probe listener needs this run's token (the fabric role makes one per run)")
     control = bind_control(port)
     try:
         tcp, udp = bind_listener(ip, port)
     except ProbeError:
         control.close()
         raise
-    return run_detached(lambda: serve(tcp, udp, host, expected_peers, lifetime, control), (tcp, udp, control))
+    return run_detached(lambda: serve(tcp, udp, host, expected_peers, lifetime, control, token), (tcp, udp, control))
 
 
 # ---------------------------------------------------------------------------
@@ -298,11 +322,11 @@ def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float, listener_
     return result
 
 
-def _say_done(local_ip: str, peer_ip: str, port: int, timeout: float, me: str) -> None:
+def _say_done(local_ip: str, peer_ip: str, port: int, timeout: float, me: str, token: str) -> None:
     """Tell the peer's listener this host has finished probing it (it exits once every peer has)."""
     try:
         with socket.create_connection((peer_ip, port), timeout=timeout, source_address=(local_ip, 0)) as conn:
-            conn.sendall(MAGIC + b" DONE " + me.encode() + b"\n")
+            conn.sendall(MAGIC + b" DONE " + me.encode() + b" " + token.encode() + b"\n")
     except OSError:
         pass
 
@@ -372,6 +396,7 @@ def probe_peer(
     mgmt_timeout: float,
     get_route: Callable[[str], Mapping[str, Any]] = route_get,
     listener_wait: float = 0.0,
+    token: str = "",
 ) -> dict[str, Any]:
     peer_ip = str(peer["fabric_ip"])
     # The management check usually waits out its timeout (a peer's management address is unreachable on a
@@ -390,7 +415,7 @@ def probe_peer(
         "ok": False, "mtu": mtu, "payload": mtu - IPV4_UDP_OVERHEAD, "error": "skipped: TCP failed"}
     if tcp["ok"]:
         # Only after the MTU echo: the listener may exit on the last DONE.
-        _say_done(local_ip, peer_ip, port, timeout, me)
+        _say_done(local_ip, peer_ip, port, timeout, me, token)
     mgmt_thread.join()
     return {
         "host": str(peer["host"]),

@@ -11,9 +11,11 @@ its lifetime ends. Nothing listens after the stop task.
 
 Protocol (one JSON line per request, one per answer; file bytes follow an ``ok`` answer raw):
 
-* ``{"op": "hello", "token": T, "host": H}`` -> ``{"ok": true}``, or ``{"ok": false, "error": ...}``
-  and the connection is closed (bad token, or the peer address is not an expected worker's fabric
-  address);
+* on connect, before reading anything: a peer address that is not an expected worker's fabric address,
+  or one that already holds ``PER_PEER_CONNECTIONS``, gets ``{"ok": false, "error": "denied: ..."}`` (or
+  ``"busy: ..."``) and the connection is closed;
+* ``{"op": "hello", "token": T, "host": H}`` (at most ``HELLO_LIMIT`` bytes, within ``HELLO_SECONDS``)
+  -> ``{"ok": true}``, or ``{"ok": false, "error": ...}`` and the connection is closed (not this run's token);
 * ``{"op": "get", "path": P, "offset": N}`` -> ``{"ok": true, "size": S}`` then ``S - N`` bytes
   (only paths listed when the sender was started are served);
 * ``{"op": "done"}`` -> ``{"ok": true}``.
@@ -23,6 +25,8 @@ The token is random per run, lives only in the sender's memory and the tasks' (n
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import hmac
 import json
@@ -30,12 +34,20 @@ import os
 import select
 import shutil
 import socket
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ansible_collections.multinode.vllm.plugins.module_utils._detach import bind_replacing, listen_error, run_detached
+from ansible_collections.multinode.vllm.plugins.module_utils._detach import (
+    ConnectionGate,
+    LineReader,
+    bind_replacing,
+    listen_error,
+    refuse,
+    run_detached,
+)
 from ansible_collections.multinode.vllm.plugins.module_utils._manifest import (
     PARTIAL_SUFFIX,
     ManifestError,
@@ -75,11 +87,32 @@ def _send_json(conn: socket.socket, data: Mapping[str, Any]) -> None:
     conn.sendall(json.dumps(data).encode() + b"\n")
 
 
+# What a peer may send before and after the token is checked (tests/unit/.../test__transfer.py, "Before the token").
+# A hello is a token and a host name: 4 KiB, within 10 s. A request names one manifest path.
+HELLO_LIMIT = 4096
+HELLO_SECONDS = 10.0
+REQUEST_LIMIT = 16384
+REQUEST_SECONDS = 60.0  # a puller hashes a resumed partial between two requests
+# Open connections per worker address: the streams of one puller (model_transfer_streams), with room for a retry.
+MAX_STREAMS = 16
+PER_PEER_CONNECTIONS = MAX_STREAMS + 2
+MAX_ERRORS = 20  # connection errors kept for the summary
+
+
+def _json_object(line: bytes) -> Optional[dict[str, Any]]:
+    """The JSON object on ``line``, or None for anything else (a list, garbage, too deeply nested)."""
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 class Sender:
     """Serve the listed files of ``root`` to the expected peers; record who got what."""
 
     def __init__(self, root: str, files: Sequence[str], token: str, peers: Mapping[str, str],
-                 lifetime: float) -> None:
+                 lifetime: float, per_peer: Optional[int] = None, hello_seconds: Optional[float] = None) -> None:
         resolved = walk_model(root)
         missing = [f for f in files if f not in resolved]
         if missing:
@@ -87,43 +120,62 @@ class Sender:
         self.files = {f: resolved[f] for f in files}
         self.token = token.encode()
         self.peers = dict(peers)  # fabric ip -> host name
+        self.gate = ConnectionGate(self.peers, PER_PEER_CONNECTIONS if per_peer is None else per_peer)
+        self.hello_seconds = HELLO_SECONDS if hello_seconds is None else hello_seconds
         self.deadline = time.monotonic() + lifetime
         self.done: set[str] = set()
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.served: list[dict[str, Any]] = []
-        self.denied: list[str] = []
+        self.denied: set[str] = set()
+        self.busy = 0
+        self.errors: list[str] = []
         self.reason = "lifetime ended"
 
+    def _finish_if_done(self) -> None:
+        """Stop once every worker said done and none of their connections is still open (a puller's other
+        stream may still be receiving after the first one said done)."""
+        with self.lock:
+            if set(self.peers) <= self.done and self.gate.total() == 0 and not self.stop.is_set():
+                self.reason = "every worker done"
+                self.stop.set()
+
+    def _deny(self, conn: socket.socket, peer_ip: str, error: str) -> None:
+        with self.lock:
+            self.denied.add(peer_ip)
+        _send_json(conn, {"ok": False, "error": error})
+
     def handle(self, conn: socket.socket, peer_ip: str) -> None:
-        conn.settimeout(60.0)
+        """One admitted connection (``accept`` counted it in the gate): the hello, then requests."""
+        reader = LineReader(conn)
         try:
-            reader = conn.makefile("rb")
-            hello = json.loads(reader.readline() or b"{}")
-            token = str(hello.get("token", "")).encode()
-            if peer_ip not in self.peers or not hmac.compare_digest(token, self.token):
-                with self.lock:
-                    self.denied.append(peer_ip)
-                _send_json(conn, {"ok": False, "error": "denied: %s is not an expected worker fabric address or "
-                                                        "the token is wrong" % peer_ip})
+            hello = _json_object(reader.readline(HELLO_LIMIT, self.hello_seconds))
+            token = hello.get("token") if hello is not None else None
+            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token):
+                self._deny(conn, peer_ip, "denied: %s did not present this run's token (a puller from another "
+                                          "run?); run the play again" % peer_ip)
                 return
             _send_json(conn, {"ok": True})
-            for line in reader:
-                request = json.loads(line)
-                if request.get("op") == "done":
+            while True:
+                line = reader.readline(REQUEST_LIMIT, REQUEST_SECONDS)
+                if not line:
+                    return
+                request = _json_object(line)
+                if request is not None and request.get("op") == "done":
                     with self.lock:
                         self.done.add(peer_ip)
-                        if set(self.peers) <= self.done and not self.stop.is_set():
-                            self.reason = "every worker done"
-                            self.stop.set()
                     _send_json(conn, {"ok": True})
                     return
-                path = str(request.get("path"))
-                real = self.files.get(path)
-                if request.get("op") != "get" or real is None:
-                    _send_json(conn, {"ok": False, "error": "not served: %s" % path})
+                path = request.get("path") if request is not None else None
+                real = self.files.get(path) if isinstance(path, str) else None
+                if request is None or request.get("op") != "get" or real is None:
+                    _send_json(conn, {"ok": False, "error": "not served: %s" % str(path)[:200]})
                     return
-                offset = int(request.get("offset", 0))
+                offset = request.get("offset", 0)
+                if not isinstance(offset, int) or isinstance(offset, bool):
+                    _send_json(conn, {"ok": False, "error": "bad offset for %s: %r" % (path, str(offset)[:40])})
+                    return
+                conn.settimeout(REQUEST_SECONDS)
                 with open(real, "rb") as handle:
                     size = os.fstat(handle.fileno()).st_size
                     offset = min(max(0, offset), size)
@@ -134,10 +186,14 @@ class Sender:
                     self.served.append({"peer": peer_ip, "host": self.peers[peer_ip], "path": path,
                                         "offset": offset, "bytes": sent,
                                         "seconds": round(time.monotonic() - start, 3)})
-        except (OSError, ValueError):
-            return
+        except Exception as exc:  # pylint: disable=broad-except  # one connection's failure never stops the sender
+            with self.lock:
+                if len(self.errors) < MAX_ERRORS:
+                    self.errors.append("%s: %s" % (peer_ip, exc))
         finally:
             conn.close()
+            self.gate.release(peer_ip)
+            self._finish_if_done()
 
     def summary(self) -> dict[str, Any]:
         with self.lock:
@@ -145,11 +201,33 @@ class Sender:
             return {
                 "served": served,
                 "peers": sorted({s["peer"] for s in served}),
-                "denied": sorted(set(self.denied)),
+                "denied": sorted(self.denied),
+                "busy": self.busy,
+                "errors": list(self.errors),
                 "done": sorted(self.done),
                 "bytes": sum(s["bytes"] for s in served),
                 "reason": self.reason,
             }
+
+    def accept(self, conn: socket.socket, peer_ip: str) -> Optional[threading.Thread]:
+        """Admit a fabric connection and start its handler, or refuse it before reading a byte."""
+        why = self.gate.admit(peer_ip)
+        if why is None:
+            thread = threading.Thread(target=self.handle, args=(conn, peer_ip), daemon=True)
+            thread.start()
+            return thread
+        with self.lock:
+            if why == "not allowed":
+                self.denied.add(peer_ip)
+            else:
+                self.busy += 1
+        if why == "not allowed":
+            error = "denied: %s is not an expected worker fabric address" % peer_ip
+        else:
+            error = ("busy: %s already holds %d connections to the sender (its limit); use model_transfer_streams "
+                     "%d or fewer" % (peer_ip, self.gate.per_address, MAX_STREAMS))
+        refuse(conn, json.dumps({"ok": False, "error": error}).encode() + b"\n")
+        return None
 
     def serve(self, tcp: socket.socket, control: socket.socket, summary_path: Optional[str] = None) -> None:
         waiting: list[socket.socket] = []
@@ -177,9 +255,8 @@ class Sender:
                         pass
                     conn.close()
                 else:
-                    thread = threading.Thread(target=self.handle, args=(conn, addr[0]), daemon=True)
-                    thread.start()
-                    handlers.append(thread)
+                    thread = self.accept(conn, addr[0])
+                    handlers = [t for t in handlers if t.is_alive()] + ([thread] if thread else [])
         tcp.close()
         # Transfers in flight finish (their threads hold their own sockets) before the summary.
         grace = time.monotonic() + 20.0
@@ -268,47 +345,81 @@ def stop_sender(port: int, state_dir: Optional[str], wait: float = 30.0) -> tupl
 
 
 def partial_sizes(root: str, paths: Sequence[str]) -> dict[str, int]:
-    """Bytes already held in ``<file>.partial`` for each path (an interrupted transfer)."""
+    """Bytes already held in ``<file>.partial`` for each path (an interrupted transfer).
+
+    Only a regular file counts: the puller refuses anything else at that name (``_open_partial``).
+    """
     sizes = {}
     for path in paths:
         try:
-            sizes[path] = os.stat(os.path.join(root, path) + PARTIAL_SUFFIX).st_size
+            st = os.lstat(os.path.join(root, path) + PARTIAL_SUFFIX)
         except OSError:
-            pass
+            continue
+        if stat.S_ISREG(st.st_mode):
+            sizes[path] = st.st_size
     return sizes
+
+
+ANSWER_LIMIT = 65536  # an answer line from the sender; anything longer is not the protocol
 
 
 class _Connection:
     def __init__(self, server_ip: str, port: int, local_ip: str, token: str, host: str, timeout: float) -> None:
+        self.server = "%s:%d" % (server_ip, port)
+        self.host = host
+        self.timeout = timeout
         try:
             self.sock = socket.create_connection((server_ip, port), timeout=timeout, source_address=(local_ip, 0))
         except OSError as exc:
-            raise TransferError("%s: cannot connect from %s to the sender at %s:%d: %s"
-                                % (host, local_ip, server_ip, port, exc.strerror or exc))
-        self.sock.settimeout(timeout)
-        self.local = self.sock.getsockname()[0]
-        self.host = host
-        answer = self.request({"op": "hello", "token": token, "host": host})
+            raise TransferError("%s: cannot connect from %s to the sender at %s: %s"
+                                % (host, local_ip, self.server, exc.strerror or exc))
+        try:
+            self.sock.settimeout(timeout)
+            self.local = self.sock.getsockname()[0]
+            answer = self.request({"op": "hello", "token": token, "host": host})
+        except OSError as exc:
+            self.sock.close()
+            raise TransferError("%s: the sender at %s did not answer the hello: %s"
+                                % (host, self.server, exc.strerror or exc))
+        except TransferError:
+            self.sock.close()
+            raise
         if not answer.get("ok"):
+            self.sock.close()
             raise TransferError("%s: the sender refused the connection: %s" % (host, answer.get("error")))
 
     def readline(self) -> bytes:
+        # One byte at a time: the file's raw bytes follow an answer on the same socket.
         line = b""
         while not line.endswith(b"\n"):
+            if len(line) >= ANSWER_LIMIT:
+                raise TransferError("%s: the sender at %s sent %d bytes without a newline; it does not speak this "
+                                    "version's protocol" % (self.host, self.server, len(line)))
             chunk = self.sock.recv(1)
             if not chunk:
-                raise TransferError("%s: the sender closed the connection" % self.host)
+                raise TransferError("%s: the sender at %s closed the connection" % (self.host, self.server))
             line += chunk
         return line
 
     def request(self, data: Mapping[str, Any]) -> dict[str, Any]:
         _send_json(self.sock, data)
-        return json.loads(self.readline())
+        answer = _json_object(self.readline())
+        if answer is None:
+            raise TransferError("%s: the sender at %s answered with something other than this version's protocol"
+                                % (self.host, self.server))
+        return answer
+
+    def abort(self) -> None:
+        """Make a receive on this connection return at once (another stream failed)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def close(self) -> None:
         try:
             self.request({"op": "done"})
-        except (OSError, ValueError, TransferError):
+        except (OSError, TransferError):
             pass
         self.sock.close()
 
@@ -471,57 +582,163 @@ def receive_stream(sock: socket.socket, fd: int, digest: Any, count: int, slot_s
     return count - left
 
 
+def _describe(path: str) -> str:
+    """What sits at ``path`` (for a refusal message)."""
+    try:
+        if os.path.islink(path):
+            return "a symlink to %s" % os.readlink(path)
+        st = os.lstat(path)
+    except OSError:
+        return "not a directory"
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        return "a file with %d hard links" % st.st_nlink
+    return "a %s" % {stat.S_IFREG: "file", stat.S_IFDIR: "directory", stat.S_IFIFO: "FIFO",
+                     stat.S_IFSOCK: "socket", stat.S_IFCHR: "device", stat.S_IFBLK: "device"}.get(
+                         stat.S_IFMT(st.st_mode), "special file")
+
+
+def _open_model_dir(root: str, rel_dir: str, host: str) -> int:
+    """A descriptor of ``root``/``rel_dir`` (created as needed), reached without following any link below root.
+
+    ``root`` is the user's model_dir and may itself be a link. Below it, a planted link would steer the write
+    out of the model directory (the puller runs as root), so every component must be a real directory: the
+    file's real path stays under the model root, and later opens are relative to this descriptor.
+    """
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    walked = root
+    try:
+        for part in rel_dir.split("/") if rel_dir else []:
+            walked = os.path.join(walked, part)
+            if part in ("", ".", ".."):
+                raise TransferError("%s: %s is not a plain path under %s" % (host, walked, root))
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                raise TransferError("%s: %s is %s, not a directory; the model's files are written only into real "
+                                    "directories under %s: remove it and run again"
+                                    % (host, walked, _describe(walked), root))
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_partial(dir_fd: int, name: str, shown: str, host: str) -> int:
+    """Open (or create) ``<file>.partial`` for reading and writing, refusing anything but this puller's own
+    regular file, and lock it so that a second puller into the same (shared) directory is refused."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO cannot hang us
+    try:
+        fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        fd = -1
+    try:
+        st = os.fstat(fd) if fd >= 0 else None
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise TransferError("%s: %s is %s, not a regular file of its own; the puller writes only into one it "
+                                "created: remove it (and find out what put it there), then run again"
+                                % (host, shown, _describe(shown)))
+        try:
+            # flock: per open file, so two pullers on one host collide too; Linux's NFS client maps it to a
+            # whole-file lock on the server, so two hosts sharing the directory collide as well.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TransferError("%s: %s is being written by another puller (two hosts or runs pulling into one "
+                                "shared model directory?); let one host pull into a shared model_dir, or wait for "
+                                "the other pull to end and run again" % (host, shown))
+        os.set_blocking(fd, True)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return fd
+
+
 def _receive_file(conn: _Connection, root: str, entry: Mapping[str, Any], fsync: bool) -> dict[str, Any]:
-    """Fetch one file into ``<file>.partial`` (resuming), verify its sha256, rename it into place."""
+    """Fetch one file into ``<file>.partial`` (resuming), verify its sha256, rename it into place.
+
+    Every error names the file and what to do; the bytes received so far stay in the partial file.
+    """
     path = str(entry["path"])
+    shown = os.path.join(root, path)
+    dir_fd = _open_model_dir(root, os.path.dirname(path), conn.host)
+    fd = -1
+    try:
+        fd = _open_partial(dir_fd, os.path.basename(path) + PARTIAL_SUFFIX, shown + PARTIAL_SUFFIX, conn.host)
+        return _receive_into(conn, dir_fd, fd, path, entry, fsync)
+    except socket.timeout:
+        raise TransferError("%s: receiving %s from the sender at %s stalled for %g s (model_transfer_timeout)%s; "
+                            "run again to resume" % (conn.host, shown, conn.server, conn.timeout, _kept(fd, shown)))
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise TransferError("%s: no space left for %s: %s%s; free space under %s (or choose another "
+                                "model_dir) and run again" % (conn.host, shown, exc.strerror, _kept(fd, shown), root))
+        raise TransferError("%s: receiving %s from the sender at %s failed: %s%s; run again to resume"
+                            % (conn.host, shown, conn.server, exc.strerror or exc, _kept(fd, shown)))
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        os.close(dir_fd)
+
+
+def _kept(fd: int, shown: str) -> str:
+    try:
+        return ", %d bytes kept in %s%s" % (os.fstat(fd).st_size, shown, PARTIAL_SUFFIX) if fd >= 0 else ""
+    except OSError:
+        return ""
+
+
+def _receive_into(conn: _Connection, dir_fd: int, fd: int, path: str, entry: Mapping[str, Any],
+                  fsync: bool) -> dict[str, Any]:
     size = int(entry["size"])
-    final = os.path.join(root, path)
-    partial = final + PARTIAL_SUFFIX
-    os.makedirs(os.path.dirname(final), mode=0o755, exist_ok=True)
+    name = os.path.basename(path)
+    partial = name + PARTIAL_SUFFIX
     digest = hashlib.sha256()
-    offset = 0
-    if os.path.exists(partial):
-        offset = os.stat(partial).st_size
-        if offset > size:
-            offset = 0
-        else:
-            with open(partial, "rb") as handle:
-                remaining = offset
-                while remaining:
-                    chunk = handle.read(min(remaining, RECV_BUFFER))
-                    if not chunk:
-                        break
-                    digest.update(chunk)
-                    remaining -= len(chunk)
+    offset = os.fstat(fd).st_size
+    if offset > size:
+        offset = 0
+    position = 0
+    while position < offset:
+        chunk = os.pread(fd, min(offset - position, RECV_BUFFER), position)
+        if not chunk:
+            break
+        digest.update(chunk)
+        position += len(chunk)
     answer = conn.request({"op": "get", "path": path, "offset": offset})
     if not answer.get("ok"):
         raise TransferError("%s: the sender did not serve %s: %s" % (conn.host, path, answer.get("error")))
-    if int(answer["size"]) != size:
-        raise TransferError("%s: %s is %d bytes on the head but %d in the manifest; the head's copy changed "
-                            "during the run, run again" % (conn.host, path, int(answer["size"]), size))
+    head_size = answer.get("size")
+    if not isinstance(head_size, int) or head_size != size:
+        raise TransferError("%s: %s is %s bytes on the head but %d in the manifest; the head's copy changed "
+                            "during the run, run again" % (conn.host, path, head_size, size))
     start = time.monotonic()
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        os.ftruncate(fd, offset)
-        os.lseek(fd, offset, os.SEEK_SET)
-        got = receive_stream(conn.sock, fd, digest, size - offset, early_writeback=fsync)
-        if got < size - offset:
-            raise TransferError("%s: the connection closed with %d bytes of %s left; run again to resume"
-                                % (conn.host, size - offset - got, path))
-        if fsync:  # once per file, before the rename: the rename must never expose unwritten bytes
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    os.ftruncate(fd, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    got = receive_stream(conn.sock, fd, digest, size - offset, early_writeback=fsync)
+    if got < size - offset:
+        raise TransferError("%s: the connection closed with %d bytes of %s left; run again to resume"
+                            % (conn.host, size - offset - got, path))
+    if fsync:  # once per file, before the rename: the rename must never expose unwritten bytes
+        os.fsync(fd)
     seconds = time.monotonic() - start
     sha = digest.hexdigest()
     if sha != entry["sha256"]:
-        os.unlink(partial)
+        os.unlink(partial, dir_fd=dir_fd)
         raise TransferError("%s: %s arrived with sha256 %s, expected %s%s; the partial file was removed, run again"
                             % (conn.host, path, sha, entry["sha256"], " (resumed at byte %d)" % offset if offset else ""))
-    os.chmod(partial, 0o644)
-    os.replace(partial, final)
+    os.fchmod(fd, 0o644)
+    os.replace(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     return {"path": path, "offset": offset, "bytes": size - offset, "seconds": round(seconds, 3),
-            "sha256": sha, "stat": stat_key(os.stat(final))}
+            "sha256": sha, "stat": stat_key(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))}
 
 
 def pull_files(server_ip: str, port: int, token: str, local_ip: str, host: str, root: str,
@@ -530,12 +747,30 @@ def pull_files(server_ip: str, port: int, token: str, local_ip: str, host: str, 
     """Pull ``entries`` from the sender into ``root``, over ``streams`` connections from ``local_ip``.
 
     A file whose resumed bytes turn out wrong (sha256 mismatch after resuming) is fetched once more
-    from byte 0. Returns the files received, the sender address and this end's address.
+    from byte 0. The first error of any stream stops the others at once (their connections are shut, so
+    a receive in flight returns) and is the one raised. Returns the files received, the sender address and
+    this end's address.
     """
+    if not 1 <= streams <= MAX_STREAMS:
+        raise TransferError("%s: model_transfer_streams is %d; the sender admits 1 to %d connections per worker: "
+                            "set it within that range" % (host, streams, MAX_STREAMS))
     os.makedirs(root, mode=0o755, exist_ok=True)
     queue = list(entries)
     lock = threading.Lock()
     received: list[dict[str, Any]] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    conns: list[_Connection] = []
+
+    def fail(exc: BaseException) -> None:
+        with lock:
+            errors.append(exc)
+            if stop.is_set():
+                return  # a later error, often caused by the abort below: the first one is the story
+            stop.set()
+            others = list(conns)
+        for other in others:
+            other.abort()
 
     def connect() -> _Connection:
         deadline = time.monotonic() + connect_wait
@@ -543,17 +778,25 @@ def pull_files(server_ip: str, port: int, token: str, local_ip: str, host: str, 
             try:
                 return _Connection(server_ip, port, local_ip, token, host, timeout)
             except TransferError:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or stop.is_set():
                     raise
                 time.sleep(0.2)
 
     def worker() -> Optional[str]:
-        conn = connect()
         try:
-            while True:
+            conn = connect()
+        except BaseException as exc:  # pylint: disable=broad-except  # handed to the caller by fail()
+            fail(exc)
+            return None
+        with lock:
+            conns.append(conn)
+            if stop.is_set():
+                conn.abort()
+        try:
+            while not stop.is_set():
                 with lock:
                     if not queue:
-                        return conn.local
+                        break
                     entry = queue.pop(0)
                 try:
                     result = _receive_file(conn, root, entry, fsync)
@@ -563,13 +806,18 @@ def pull_files(server_ip: str, port: int, token: str, local_ip: str, host: str, 
                     result = _receive_file(conn, root, entry, fsync)
                 with lock:
                     received.append(result)
+        except BaseException as exc:  # pylint: disable=broad-except  # handed to the caller by fail()
+            fail(exc)
         finally:
             conn.close()
+        return conn.local
 
     start = time.monotonic()
     count = max(1, min(streams, len(queue)))
     with ThreadPoolExecutor(max_workers=count) as pool:
         locals_ = [f.result() for f in [pool.submit(worker) for _worker in range(count)]]
+    if errors:
+        raise errors[0]
     seconds = time.monotonic() - start
     total = sum(r["bytes"] for r in received)
     order = {str(e["path"]): i for i, e in enumerate(entries)}
@@ -615,8 +863,10 @@ def copy_tree(src: str, dest: str, link: bool = True, dry_run: bool = False,
             continue
         os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
         partial = target + PARTIAL_SUFFIX
-        if os.path.exists(partial):
+        try:  # whatever is there, a dangling link included (copyfile would write through it)
             os.unlink(partial)
+        except FileNotFoundError:
+            pass
         linked = False
         if link:
             try:

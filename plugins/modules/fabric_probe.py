@@ -10,7 +10,8 @@ short_description: Probe fabric reachability from this host to every peer
 version_added: 0.1.0
 description:
   - Phase V(listen) starts a short-lived probe listener (TCP and UDP) on this host's fabric address and
-    O(port). It exits once every peer has finished probing it, or after O(listen_seconds).
+    O(port). It answers only the fabric addresses of O(peers), and exits once every peer has finished probing
+    it (a DONE carrying O(token)), or after O(listen_seconds).
   - Phase V(probe) checks, for every peer, that the route leaves through the fabric interface with the
     fabric address as source (C(ip route get)), that a TCP connection bound to the local fabric address
     reaches the peer's listener (with round-trip latency), and that a UDP datagram of the fabric MTU
@@ -60,6 +61,12 @@ options:
       mgmt_ip:
         description: Peer management address; reported, never failed.
         type: str
+  token:
+    description:
+      - This run's secret, the same on every host (the fabric role makes one per run). The listener answers only
+        O(peers)' fabric addresses and ends early only on a DONE that carries it, so no other host on the fabric
+        can stop it. Required for V(listen), V(probe) and V(listen_probe). Never logged.
+    type: str
   port:
     description: TCP and UDP port of the probe listener, on the fabric address.
     type: int
@@ -99,6 +106,7 @@ EXAMPLES = r"""
     fabric_interface: "{{ multinode_fabric.interface }}"
     mtu: "{{ multinode_fabric.mtu }}"
     peers: "{{ fabric_peers }}"
+    token: "{{ probe_token }}"
 
 - name: Start the probe listener on every node
   multinode.vllm.fabric_probe:
@@ -106,6 +114,7 @@ EXAMPLES = r"""
     host: "{{ inventory_hostname }}"
     fabric_ip: "{{ multinode_fabric.ip }}"
     peers: "{{ fabric_peers }}"
+    token: "{{ probe_token }}"
 
 - name: Probe every peer
   multinode.vllm.fabric_probe:
@@ -115,6 +124,7 @@ EXAMPLES = r"""
     fabric_interface: "{{ multinode_fabric.interface }}"
     mtu: "{{ multinode_fabric.mtu }}"
     peers: "{{ fabric_peers }}"
+    token: "{{ probe_token }}"
   register: probe
 """
 
@@ -175,6 +185,7 @@ def main() -> None:
                     mgmt_ip=dict(type="str"),
                 ),
             ),
+            token=dict(type="str", no_log=True),
             port=dict(type="int", default=29499),
             timeout=dict(type="float", default=2.0),
             listen_seconds=dict(type="float", default=120.0),
@@ -183,8 +194,9 @@ def main() -> None:
             mgmt_timeout=dict(type="float", default=0.5),
         ),
         required_if=[
-            ("phase", "probe", ("fabric_interface", "mtu")),
-            ("phase", "listen_probe", ("fabric_interface", "mtu")),
+            ("phase", "listen", ("token",)),
+            ("phase", "probe", ("fabric_interface", "mtu", "token")),
+            ("phase", "listen_probe", ("fabric_interface", "mtu", "token")),
         ],
         supports_check_mode=True,
     )
@@ -195,7 +207,8 @@ def main() -> None:
     if p["phase"] in ("listen", "listen_probe"):
         try:
             pid = spawn_listener(
-                p["fabric_ip"], p["port"], p["host"], [peer["host"] for peer in p["peers"]], p["listen_seconds"]
+                p["fabric_ip"], p["port"], p["host"], {peer["host"]: peer["fabric_ip"] for peer in p["peers"]},
+                p["listen_seconds"], p["token"],
             )
         except ProbeError as exc:
             module.fail_json(msg="%s: %s" % (p["host"], exc))
@@ -213,6 +226,7 @@ def main() -> None:
         mgmt_port=p["mgmt_port"],
         mgmt_timeout=p["mgmt_timeout"],
         listener_wait=p["listener_wait"] if p["phase"] == "listen_probe" else 0.0,
+        token=p["token"],
     )
     problems = [msg for result in results for msg in pair_problems(p["host"], result)]
     extra = {"listener_pid": pid} if pid is not None else {}

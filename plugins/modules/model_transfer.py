@@ -11,10 +11,12 @@ version_added: 0.1.0
 description:
   - Mode V(serve) (head) binds a short-lived sender to the head's fabric address O(fabric_ip) and O(port) and
     serves from a detached process. It serves only the files in O(files), only to the fabric addresses in
-    O(peers), only to a client that presents O(token) (random per run). It exits once every peer is done, when
-    stopped, or after O(lifetime) seconds.
+    O(peers) (any other address is refused before a byte is read), only to a client that presents O(token)
+    (random per run), a bounded number of connections per peer. It exits once every peer is done and none of
+    their connections is open, when stopped, or after O(lifetime) seconds.
   - Mode V(pull) (worker) connects from this host's fabric address O(fabric_ip) to the sender at O(server_ip),
-    fetches each file in O(files) into C(<file>.partial) (resuming from the bytes already there), hashes the
+    fetches each file in O(files) into C(<file>.partial) (resuming from the bytes already there; a link, a
+    non-regular file or a partial locked by another puller there is refused, naming it), hashes the
     bytes as they arrive, and renames the file into place only when its sha256 matches the manifest. The hash
     cache of M(multinode.vllm.model_manifest) is updated for the received files, so the next comparison does not
     read them again.
@@ -88,7 +90,7 @@ options:
     type: path
     default: /var/lib/multinode-vllm/manifest-cache
   streams:
-    description: V(pull) only; parallel connections per worker.
+    description: V(pull) only; parallel connections per worker, 1 to 16 (the sender's limit per worker).
     type: int
     default: 1
   timeout:
@@ -151,7 +153,8 @@ stopped:
   type: bool
 summary:
   description: "V(stop); what the sender served: C(served) (C(peer), C(host), C(path), C(offset), C(bytes)),
-    C(peers) (the addresses it served), C(denied), C(done), C(bytes), C(reason)."
+    C(peers) (the addresses it served), C(denied) (addresses refused), C(busy) (connections refused over a peer's
+    limit), C(errors) (connection errors, at most 20), C(done), C(bytes), C(reason)."
   returned: mode is stop
   type: dict
 written:

@@ -8,10 +8,17 @@ from __future__ import annotations
 import errno
 import socket
 import threading
+import time
 
 import pytest
 
-from ansible_collections.multinode.vllm.plugins.module_utils._detach import bind_replacing, listen_error
+from ansible_collections.multinode.vllm.plugins.module_utils._detach import (
+    ConnectionGate,
+    LineReader,
+    LineTooLong,
+    bind_replacing,
+    listen_error,
+)
 
 LO = "127.0.0.1"
 
@@ -85,3 +92,68 @@ def _bind_foreign():
 def test_listen_error_passes_other_errors_through():
     exc = OSError(errno.EACCES, "Permission denied")
     assert listen_error(exc, LO, 80, "x") == "cannot listen on 127.0.0.1:80: Permission denied"
+
+
+# ---------------------------------------------------------------------------
+# LineReader and ConnectionGate: what a server reads before it knows who is talking
+# ---------------------------------------------------------------------------
+
+
+def test_line_reader_returns_lines_and_keeps_what_follows():
+    left, right = socket.socketpair()
+    with left, right:
+        right.sendall(b"one\ntwo\nthr")
+        reader = LineReader(left)
+        assert reader.readline(16, 1.0) == b"one\n"
+        assert reader.readline(16, 1.0) == b"two\n"
+        right.sendall(b"ee\n")
+        assert reader.readline(16, 1.0) == b"three\n"
+        right.close()
+        assert reader.readline(16, 1.0) == b""
+
+
+def test_line_reader_stops_at_the_bound_having_read_no_more():
+    left, right = socket.socketpair()
+    with left, right:
+        right.sendall(b"x" * 100)
+        reader = LineReader(left)
+        with pytest.raises(LineTooLong):
+            reader.readline(16, 1.0)
+        assert len(reader.buffer) == 16
+        assert len(left.recv(1000)) == 84  # the rest was never taken from the socket
+
+
+def test_line_reader_bounds_the_whole_line_in_time_not_each_recv():
+    """A peer that trickles a byte every 0.1 s never lets one recv time out; the line's deadline still holds."""
+    left, right = socket.socketpair()
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(0.1):
+            try:
+                right.send(b"x")
+            except OSError:
+                return
+
+    thread = threading.Thread(target=trickle)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(socket.timeout):
+            LineReader(left).readline(4096, 0.5)
+    finally:
+        stop.set()
+        thread.join(2)
+        left.close()
+        right.close()
+    assert 0.5 <= time.monotonic() - started < 1.5
+
+
+def test_gate_admits_only_allowed_addresses_each_up_to_its_cap():
+    gate = ConnectionGate(["198.18.200.13", "198.18.200.14"], per_address=2)
+    assert gate.admit("192.168.1.5") == "not allowed"
+    assert [gate.admit("198.18.200.13") for _conn in range(3)] == [None, None, "busy"]
+    assert gate.admit("198.18.200.14") is None  # one peer's connections never use another's budget
+    gate.release("198.18.200.13")
+    assert gate.admit("198.18.200.13") is None
+    assert gate.total() == 3

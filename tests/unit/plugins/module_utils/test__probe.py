@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from ansible_collections.multinode.vllm.plugins.module_utils import _probe as probe_module
 from ansible_collections.multinode.vllm.plugins.module_utils._probe import (
     MAGIC,
     ProbeError,
@@ -24,10 +25,12 @@ from ansible_collections.multinode.vllm.plugins.module_utils._probe import (
     probe_peer,
     probe_peers,
     serve,
+    spawn_listener,
     stop_listener,
 )
 
 LO = "127.0.0.1"
+TOKEN = "t0ken"
 
 
 # ---------------------------------------------------------------------------
@@ -196,7 +199,7 @@ def _free_port():
 def _quit(port):
     try:
         with socket.create_connection((LO, port), timeout=1.0) as conn:
-            conn.sendall(MAGIC + b" QUIT\n")
+            conn.sendall(MAGIC + b" QUIT " + TOKEN.encode() + b"\n")
     except OSError:
         pass
 
@@ -205,15 +208,17 @@ def _quit(port):
 def listener():
     """start(host, expected_peers, lifetime, control) -> (port, thread) running the real bind_listener + serve.
 
-    With ``control`` the listener also has its per-node control socket, as spawn_listener gives it.
+    ``expected`` maps peer names to addresses (default: spark2 on 127.0.0.1, where the probes come from). With
+    ``control`` the listener also has its per-node control socket, as spawn_listener gives it.
     """
     running = []
 
-    def start(host, expected=(), lifetime=10.0, port=None, control=False):
+    def start(host, expected=None, lifetime=10.0, port=None, control=False):
         port = port or _free_port()
         ctl = bind_control(port) if control else None
         tcp, udp = bind_listener(LO, port)
-        thread = threading.Thread(target=serve, args=(tcp, udp, host, list(expected), lifetime, ctl), daemon=True)
+        peers = {"spark2": LO} if expected is None else expected
+        thread = threading.Thread(target=serve, args=(tcp, udp, host, peers, lifetime, ctl, TOKEN), daemon=True)
         thread.start()
         running.append((port, thread))
         return port, thread
@@ -232,7 +237,7 @@ def _on_lo(ip):
 def _probe(port, peer_host="spark1", mtu=1500, timeout=1.0, mgmt_ip=None, mgmt_port=None, get_route=_on_lo):
     return probe_peer(
         "spark2", "lo", LO, {"host": peer_host, "fabric_ip": LO, "mgmt_ip": mgmt_ip}, port=port, timeout=timeout,
-        mtu=mtu, mgmt_port=mgmt_port or _free_port(), mgmt_timeout=0.5, get_route=get_route,
+        mtu=mtu, mgmt_port=mgmt_port or _free_port(), mgmt_timeout=0.5, get_route=get_route, token=TOKEN,
     )
 
 
@@ -384,13 +389,13 @@ def test_done_is_said_after_the_mtu_check():
     try:
         result = _probe(stub.port)
         deadline = time.monotonic() + 1.0
-        while ("tcp", "MNVLLM-PROBE DONE spark2") not in stub.events and time.monotonic() < deadline:
+        while ("tcp", "MNVLLM-PROBE DONE spark2 t0ken") not in stub.events and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         stub.close()
     assert result["mtu"]["ok"] is True
     kinds = [e for e in stub.events if e[0] == "udp" or "DONE" in e[1]]
-    assert kinds == [("udp", 1472), ("tcp", "MNVLLM-PROBE DONE spark2")]
+    assert kinds == [("udp", 1472), ("tcp", "MNVLLM-PROBE DONE spark2 t0ken")]
 
 
 def test_probe_peers_in_parallel_keeps_order(listener):
@@ -400,7 +405,7 @@ def test_probe_peers_in_parallel_keeps_order(listener):
         "spark2", "lo", LO,
         [{"host": "spark1", "fabric_ip": LO}, {"host": "spark9", "fabric_ip": "127.0.0.9"}],
         port=port, timeout=1.0, mtu=1500, mgmt_port=closed, mgmt_timeout=0.5,
-        get_route=_on_lo,
+        get_route=_on_lo, token=TOKEN,
     )
     assert [r["host"] for r in results] == ["spark1", "spark9"]
     assert results[0]["tcp"]["ok"] is True
@@ -415,20 +420,20 @@ def test_probe_peers_in_parallel_keeps_order(listener):
 
 
 def test_serve_exits_when_every_peer_said_done(listener):
-    port, thread = listener("spark1", expected=["spark2", "spark3"], lifetime=30.0)
+    port, thread = listener("spark1", expected={"spark2": LO, "spark3": "127.0.0.3"}, lifetime=30.0)
     started = time.monotonic()
     assert _probe(port)["tcp"]["ok"] is True  # spark2 done
     time.sleep(0.6)  # longer than serve's select tick
     assert thread.is_alive(), "serve stopped before spark3 was done"
-    with socket.create_connection((LO, port), timeout=1.0) as conn:
-        conn.sendall(MAGIC + b" DONE spark3\n")
+    with socket.create_connection((LO, port), timeout=1.0, source_address=("127.0.0.3", 0)) as conn:
+        conn.sendall(MAGIC + b" DONE spark3 " + TOKEN.encode() + b"\n")
     thread.join(2.0)
     assert not thread.is_alive()
     assert time.monotonic() - started < 5.0
 
 
 def test_serve_ignores_foreign_traffic(listener):
-    port, thread = listener("spark1", expected=["spark2"], lifetime=30.0)
+    port, thread = listener("spark1", lifetime=30.0)
     with socket.create_connection((LO, port), timeout=1.0) as conn:
         conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
         assert conn.recv(100) == b""  # closed without an answer
@@ -439,25 +444,25 @@ def test_serve_ignores_foreign_traffic(listener):
 
 
 def test_serve_ends_at_its_lifetime(listener):
-    _port, thread = listener("spark1", expected=["spark2"], lifetime=0.3)
+    _port, thread = listener("spark1", lifetime=0.3)
     thread.join(2.0)
     assert not thread.is_alive()
 
 
 def test_quit_stops_serve(listener):
-    port, thread = listener("spark1", expected=["spark2"], lifetime=30.0)
+    port, thread = listener("spark1", lifetime=30.0)
     _quit(port)
     thread.join(2.0)
     assert not thread.is_alive()
 
 
-@pytest.mark.parametrize("control", [False, True], ids=["asked-over-tcp", "asked-over-control-socket"])
-def test_bind_listener_replaces_a_stale_listener(listener, control):
-    port, stale = listener("old", expected=["spark2"], lifetime=30.0, control=control)
+def test_bind_listener_replaces_a_stale_listener(listener):
+    """Through the stale listener's control socket (over TCP, a QUIT needs that run's token)."""
+    port, stale = listener("old", lifetime=30.0, control=True)
     tcp, udp = bind_listener(LO, port, wait=3.0)
     stale.join(1.0)
     assert not stale.is_alive(), "the stale listener was not asked to quit"
-    thread = threading.Thread(target=serve, args=(tcp, udp, "new", ["spark2"], 10.0), daemon=True)
+    thread = threading.Thread(target=serve, args=(tcp, udp, "new", {"spark2": LO}, 10.0, None, TOKEN), daemon=True)
     thread.start()
     try:
         assert _probe(port, peer_host="new")["tcp"]["answered_by"] == "new"
@@ -488,7 +493,7 @@ def test_bind_listener_on_an_address_the_host_lacks():
 
 
 def test_stop_listener_through_the_control_socket(listener):
-    port, thread = listener("spark1", expected=["spark2"], lifetime=30.0, control=True)
+    port, thread = listener("spark1", lifetime=30.0, control=True)
     assert stop_listener(port) is True
     thread.join(2.0)
     assert not thread.is_alive()
@@ -502,7 +507,7 @@ def test_bind_control_replaces_a_running_listener(listener):
     answered QUIT; a single short wait lost that race about half the time.
     """
     for _attempt in range(2):
-        port, thread = listener("spark1", expected=["spark2"], lifetime=30.0, control=True)
+        port, thread = listener("spark1", lifetime=30.0, control=True)
         control = bind_control(port, wait=2.0)
         try:
             thread.join(1.0)
@@ -535,7 +540,8 @@ def test_a_listener_started_a_moment_later_is_waited_for(listener):
     timer.start()
     try:
         result = probe_peer("spark2", "lo", LO, {"host": "spark1", "fabric_ip": LO}, port=port, timeout=1.0, mtu=1500,
-                            mgmt_port=_free_port(), mgmt_timeout=0.5, get_route=_on_lo, listener_wait=5.0)
+                            mgmt_port=_free_port(), mgmt_timeout=0.5, get_route=_on_lo, listener_wait=5.0,
+                            token=TOKEN)
     finally:
         timer.join()
     assert (result["tcp"]["ok"], result["tcp"]["answered_by"], result["mtu"]["ok"]) == (True, "spark1", True)
@@ -562,3 +568,133 @@ def test_stop_returns_only_once_nothing_listens(listener):
         probe.close()
     thread.join(1.0)
     assert not thread.is_alive()
+
+
+# ---------------------------------------------------------------------------
+# Before the token: what another host on the fabric can do to a listener (docs/security.md)
+# ---------------------------------------------------------------------------
+
+STRANGER = "127.0.0.5"  # loopback too, but no expected peer's address
+
+
+def _status(pid, field):
+    """A field of /proc/<pid>/status as an int (VmHWM in KiB, Threads)."""
+    with open("/proc/%d/status" % pid) as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (field, pid))
+
+
+@pytest.fixture
+def spawned():
+    """spawn(expected, lifetime) -> (port, pid): a real detached listener, as the module starts it; stopped after."""
+    ports = []
+
+    def spawn(expected, lifetime=30.0):
+        port = _free_port()
+        ports.append(port)
+        return port, spawn_listener(LO, port, "spark1", expected, lifetime, TOKEN)
+
+    yield spawn
+    for port in ports:
+        stop_listener(port)
+
+
+def test_a_stranger_is_closed_unread_and_not_answered(listener):
+    port, thread = listener("spark1", lifetime=30.0)
+    with socket.create_connection((LO, port), timeout=2.0, source_address=(STRANGER, 0)) as conn:
+        conn.sendall(MAGIC + b" PING\n")
+        assert conn.recv(100) == b""  # closed, no PONG
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:  # no echo either: no reflector for strangers
+        udp.bind((STRANGER, 0))
+        udp.settimeout(0.5)
+        udp.sendto(MAGIC + b" MTU x", (LO, port))
+        with pytest.raises(socket.timeout):
+            udp.recvfrom(100)
+    assert thread.is_alive() and _probe(port)["tcp"]["ok"] is True  # the peer still probes
+
+
+@pytest.mark.parametrize("lines", [
+    [MAGIC + b" QUIT"],
+    [MAGIC + b" QUIT guess"],
+    [MAGIC + b" DONE spark2", MAGIC + b" DONE spark3"],  # forged: every peer "done"
+    [MAGIC + b" DONE spark2 guess", MAGIC + b" DONE spark3 guess"],
+    [MAGIC + b" DONE spark3 " + TOKEN.encode()],  # the token, but a name that is not the one at this address
+    [b"[]"],
+    [b"\xff\xfe" * 100],
+], ids=["quit", "quit-wrong-token", "done", "done-wrong-token", "done-other-name", "json", "garbage"])
+def test_quit_or_done_without_the_token_is_ignored(listener, lines):
+    """From an expected peer's own address, without this run's token, nothing ends the listener."""
+    port, thread = listener("spark1", expected={"spark2": LO, "spark3": "127.0.0.3"}, lifetime=30.0)
+    for line in lines:
+        with socket.create_connection((LO, port), timeout=2.0) as conn:
+            conn.sendall(line + b"\n")
+            assert _closed_within(conn, 2.0)
+    time.sleep(0.7)  # longer than serve's select tick
+    assert thread.is_alive(), "the listener stopped on %r" % lines
+    assert _probe(port)["tcp"]["ok"] is True
+
+
+def test_a_line_without_newline_is_cut_off_and_memory_stays_bounded(spawned):
+    """64 MiB without a newline from a peer's own address: cut off at the line bound, the listener stays small."""
+    port, pid = spawned({"spark2": LO})
+    time.sleep(0.2)
+    before = _status(pid, "VmHWM")
+    sent = 0
+    chunk = b"x" * (1024 * 1024)
+    with socket.create_connection((LO, port), timeout=5.0) as conn:
+        try:
+            for _chunk in range(64):
+                conn.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass  # reset: the listener closed the connection after the bound
+        grown = _status(pid, "VmHWM") - before
+    assert sent < 64 * 1024 * 1024, "the listener took 64 MiB without a newline"
+    assert grown < 8 * 1024, "the listener grew by %d KiB" % grown
+    assert _probe(port)["tcp"]["ok"] is True
+
+
+def test_idle_connections_beyond_the_cap_are_closed_and_a_peer_still_probes(spawned, monkeypatch):
+    """60 idle connections from one peer's address and 60 from a stranger: a few threads, not 120; each idle one
+    is cut off at the line timeout; the other peer's probe goes through."""
+    monkeypatch.setattr(probe_module, "LINE_SECONDS", 1.0)  # read by the forked listener
+    port, pid = spawned({"spark2": LO, "spark3": "127.0.0.3"})
+    baseline = _status(pid, "Threads")
+    idle = []
+    try:
+        for source in ["127.0.0.3"] * 60 + [STRANGER] * 60:
+            idle.append(socket.create_connection((LO, port), timeout=3.0, source_address=(source, 0)))
+        time.sleep(0.3)
+        assert _status(pid, "Threads") <= baseline + probe_module.PER_PEER_CONNECTIONS
+        closed_at_once = sum(1 for conn in idle if _closed_within(conn, 0.05))
+        assert closed_at_once >= 120 - probe_module.PER_PEER_CONNECTIONS
+        assert _probe(port)["tcp"]["ok"] is True  # spark2, from 127.0.0.1
+        assert all(_closed_within(conn, 3.0) for conn in idle)  # the admitted idle ones too, at the line timeout
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def _closed_within(conn, seconds):
+    conn.settimeout(seconds)
+    try:
+        return conn.recv(1) == b""
+    except socket.timeout:
+        return False
+    except OSError:
+        return True
+
+
+def test_garbage_never_reaches_the_thread_excepthook(listener, monkeypatch):
+    """Whatever a peer sends, its handler ends quietly and the listener keeps answering."""
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    port, thread = listener("spark1", lifetime=30.0)
+    for line in [b"[]", b"\xff" * 2000, MAGIC, MAGIC + b" DONE \xff\xfe " + TOKEN.encode(), b"\0" * 10]:
+        with socket.create_connection((LO, port), timeout=2.0) as conn:
+            conn.sendall(line + b"\n")
+            assert _closed_within(conn, 2.0)
+    assert _probe(port)["tcp"]["ok"] is True
+    assert thread.is_alive() and raised == []

@@ -16,6 +16,7 @@ from ansible.module_utils.testing import patch_module_args
 from ansible_collections.multinode.vllm.plugins.modules import fabric_probe
 
 LO = "127.0.0.1"
+TOKEN = "t0ken"
 
 pytestmark = pytest.mark.skipif(shutil.which("ip") is None, reason="the probe phase runs `ip -j route get`")
 
@@ -68,7 +69,7 @@ def port(run):
 
 def _listen(run, port, lifetime=20.0):
     return run({"phase": "listen", "host": "spark1", "fabric_ip": LO, "port": port, "listen_seconds": lifetime,
-                "peers": [{"host": "spark2", "fabric_ip": LO}]})
+                "peers": [{"host": "spark2", "fabric_ip": LO}], "token": TOKEN})
 
 
 def test_listen_probe_and_the_listener_leaves(run, port):
@@ -78,7 +79,7 @@ def test_listen_probe_and_the_listener_leaves(run, port):
     assert _listening(port)
 
     code, probed = run({"phase": "probe", "host": "spark2", "fabric_ip": LO, "fabric_interface": "lo", "mtu": 1500,
-                        "port": port, "timeout": 1.0, "mgmt_timeout": 0.5,
+                        "port": port, "timeout": 1.0, "mgmt_timeout": 0.5, "token": TOKEN,
                         "peers": [{"host": "spark1", "fabric_ip": LO, "mgmt_ip": LO}]})
     assert code == 0 and probed["problems"] == []
     peer = probed["peers"][0]
@@ -94,7 +95,7 @@ def test_probe_with_route_off_the_fabric_interface(run, port):
     """`ip route get 127.0.0.1` says dev lo; claiming the fabric is eth9 is a broken pair, named."""
     _listen(run, port)
     code, probed = run({"phase": "probe", "host": "spark2", "fabric_ip": LO, "fabric_interface": "eth9", "mtu": 1500,
-                        "port": port, "timeout": 1.0, "peers": [{"host": "spark1", "fabric_ip": LO}]})
+                        "port": port, "timeout": 1.0, "peers": [{"host": "spark1", "fabric_ip": LO}], "token": TOKEN})
     assert code == 0
     assert probed["problems"] == ["spark2 -> spark1 (127.0.0.1): route leaves through lo, not the fabric interface eth9"]
 
@@ -109,7 +110,8 @@ def test_stop_phase(run, port):
 
 
 def test_listen_on_an_address_the_host_lacks(run):
-    code, result = run({"phase": "listen", "host": "spark1", "fabric_ip": "192.0.2.1", "port": _free_port()})
+    code, result = run({"phase": "listen", "host": "spark1", "fabric_ip": "192.0.2.1", "port": _free_port(),
+                        "token": TOKEN})
     assert code == 1
     assert result["msg"].startswith("spark1: cannot listen on 192.0.2.1:")
     assert "this host does not carry 192.0.2.1" in result["msg"]
@@ -119,3 +121,16 @@ def test_probe_requires_interface_and_mtu(run):
     code, result = run({"phase": "probe", "host": "spark2", "fabric_ip": LO, "peers": []})
     assert code == 1
     assert "fabric_interface" in result["msg"] and "mtu" in result["msg"]
+
+
+@pytest.mark.parametrize("phase", ["listen", "probe", "listen_probe"])
+def test_every_phase_that_listens_or_says_done_requires_the_token(run, phase):
+    """Without this run's token a listener could not tell its peers' DONE from anyone's."""
+    code, result = run({"phase": phase, "host": "spark2", "fabric_ip": LO, "fabric_interface": "lo", "mtu": 1500,
+                        "port": _free_port(), "peers": []})
+    assert code == 1 and "token" in result["msg"]
+
+
+def test_the_token_is_never_in_the_result(run, port):
+    code, listened = _listen(run, port)
+    assert code == 0 and TOKEN not in json.dumps(listened)
