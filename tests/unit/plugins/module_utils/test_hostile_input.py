@@ -327,6 +327,8 @@ def supervisor_reader(tmp_path_factory):
         proc.stdin.flush()
         return json.loads(proc.stdout.readline())
 
+    # supervisor refuses a log file whose directory is missing: the sections it reads log here.
+    read.log_dir = str(root)
     yield read
     proc.stdin.close()
     proc.wait(timeout=10)
@@ -338,7 +340,7 @@ def supervisor_reader(tmp_path_factory):
 @example(["%(here)s"])
 def test_supervisor_own_parser_sees_exactly_one_program(supervisor_reader, args):
     command = [VENV + "/bin/python", LAUNCHER, ENV_PATH, VENV + "/bin/vllm"] + args
-    programs = supervisor_reader(supervisor_program("vllm", command, "abc123", "/var/log/multinode-vllm"))
+    programs = supervisor_reader(supervisor_program("vllm", command, "abc123", supervisor_reader.log_dir))
     assert programs == [{"name": "vllm", "argv": command, "environment": {HASH_ENV: "abc123"}, "autostart": True}]
 
 
