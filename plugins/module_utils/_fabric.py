@@ -354,7 +354,11 @@ def select_fabric(
             % (host, iface.name)
         )
     mgmt = next((i for i in network.interfaces if i.default_route), None)
-    mgmt_ip = str(mgmt.addresses[0].ip) if mgmt is not None and mgmt.addresses else None
+    # The management address: the default route's interface's first address outside fabric_cidr (an interface
+    # carrying both would otherwise report its fabric alias as mgmt); only its fabric address when it has no other,
+    # which check_cluster refuses.
+    mgmt_ips = [a.ip for a in mgmt.addresses] if mgmt is not None else []
+    mgmt_ip = next((str(ip) for ip in mgmt_ips if ip not in cidr), str(mgmt_ips[0]) if mgmt_ips else None)
 
     ports = tuple(p for p in network.rdma_ports if p.netdev == iface.name)
     for port in ports:
@@ -478,6 +482,15 @@ def check_cluster(
             errors.append(
                 "%s: inventory fabric_ip is %s but the host carries %s on %s; fix host_vars/%s.yml"
                 % (host, wanted, sel.ip, sel.interface, host)
+            )
+        if sel.mgmt_ip is not None and sel.mgmt_ip == sel.ip:
+            errors.append(
+                "%s: fabric address (fabric_ip) = %s on %s is also its management address (%s holds the default route): "
+                "expected "
+                "a fabric address apart from management (the firewall opens the fabric to cluster nodes and mgmt to "
+                "SSH and the API only, and cluster traffic would share the management link); give the fabric "
+                "interface its own address in fabric_cidr %s (fabric_ip, fabric_interface in host_vars/%s.yml) or "
+                "correct fabric_cidr" % (host, sel.ip, sel.interface, sel.mgmt_interface, cidr, host)
             )
     for ip, hosts in sorted(by_ip.items()):
         if len(hosts) > 1:

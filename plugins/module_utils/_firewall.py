@@ -125,6 +125,17 @@ def _source(host: str, entry: Any, errors: list[str]) -> Optional[Source]:
             "firewall_mgmt_allow_tcp to open a port to everyone" % (host, var, network)
         )
         return None
+    # An empty tcp_ports (a list emptied by a template, or `tcp_ports:` with nothing after it) would render
+    # no port match, i.e. "accept every port from this source": refuse it. Every port is said by leaving
+    # tcp_ports out (or giving the source as a plain string).
+    if "tcp_ports" in entry and (entry["tcp_ports"] is None or entry["tcp_ports"] == "" or (
+            isinstance(entry["tcp_ports"], Sequence) and len(entry["tcp_ports"]) == 0)):
+        errors.append(
+            "%s: %s entry %s tcp_ports = %r: expected at least one TCP port (empty would accept every port from "
+            "this source); list the ports, e.g. tcp_ports: [9100], or leave tcp_ports out to allow every port"
+            % (host, var, network, entry["tcp_ports"])
+        )
+        return None
     return Source(network=network, tcp_ports=_ports(host, var + " tcp_ports", entry.get("tcp_ports"), errors))
 
 

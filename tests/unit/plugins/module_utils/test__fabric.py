@@ -79,6 +79,9 @@ SELECT_CASES = [
      {"interface": "enp1s0f1np1", "ip": "198.18.200.12"}),
     ("no-rdma", "spark1", {"rocep1s0f1": {"netdev": None}}, {},
      {"interface": "enp1s0f1np1", "hca_ports": [], "rdma": [], "gid_index": None}),
+    # Issue 17: the default route's interface also carrying a fabric alias reports its other address as mgmt.
+    ("mgmt-prefers-address-outside-fabric", "single_nic", {"eth0": {"addresses": ["198.18.200.31/24", "192.168.1.31/24"]}},
+     {}, {"interface": "eth0", "ip": "198.18.200.31", "mgmt_interface": "eth0", "mgmt_ip": "192.168.1.31"}),
     ("roce-v1-only-no-gid-index", "spark1", {"rocep1s0f1": {"gids": [
         {"index": 2, "gid": "0000:0000:0000:0000:0000:ffff:c612:c80c", "type": "IB/RoCE v1"}]}}, {},
      {"hca_ports": ["rocep1s0f1:1"], "gid_index": None}),
@@ -386,6 +389,15 @@ CLUSTER_CASES = [
        "same prefix"]]),
     ("bad-cidr", {"spark1": ("spark1", {})}, ["spark1"], {}, "169.254.0.0/16",
      [["fabric_cidr 169.254.0.0/16 is a link-local range"]]),
+    # Issue 17: fabric address = management address was a warning only.
+    ("fabric-address-is-mgmt-address", {"node1": ("single_nic", {}), "spark2": ("spark2", {"enp1s0f1np1": {"mtu": 1500}})},
+     ["node1"], {"node1": {"fabric_ip": "198.18.200.31"}}, CIDR,
+     [["node1: fabric address (fabric_ip) = 198.18.200.31 on eth0 is also its management address",
+       "eth0 holds the default route", "expected a fabric address apart from management",
+       "host_vars/node1.yml", "correct fabric_cidr"]]),
+    ("fabric-alias-on-mgmt-interface-is-not-mgmt",
+     {"node1": ("single_nic", {"eth0": {"addresses": ["198.18.200.31/24", "192.168.1.31/24"]}}),
+      "spark2": ("spark2", {"enp1s0f1np1": {"mtu": 1500}})}, ["node1"], {}, CIDR, []),
 ]
 
 

@@ -175,6 +175,38 @@ def test_bad_input_is_named(changes, words):
         assert word in message, (word, message)
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"src": "198.19.1.50", "tcp_ports": []},
+        {"src": "198.19.1.0/24", "tcp_ports": None},
+        {"src": "198.19.1.50", "tcp_ports": ""},
+        {"src": "198.19.1.50", "tcp_ports": ()},
+    ],
+    ids=["empty-list", "null", "empty-string", "empty-tuple"],
+)
+def test_an_empty_tcp_ports_is_refused_not_rendered_as_every_port(entry):
+    """Issue 17: `tcp_ports: []` used to render `iifname "eth0" ip saddr X accept`, every port from X."""
+    message = "\n".join(_errors(allow_sources=[entry]))
+    for word in ("spark1: firewall_allow_sources entry", str(entry["src"]), "tcp_ports = %r" % (entry["tcp_ports"],),
+                 "at least one TCP port", "every port", "leave tcp_ports out"):
+        assert word in message, (word, message)
+
+
+@pytest.mark.parametrize(
+    "entry, rule",
+    [
+        ("198.19.1.50", 'iifname "eth0" ip saddr 198.19.1.50 accept comment "extra source"'),
+        ({"src": "198.19.1.50"}, 'iifname "eth0" ip saddr 198.19.1.50 accept comment "extra source"'),
+        ({"src": "198.19.1.50", "tcp_ports": [9100]},
+         'iifname "eth0" ip saddr 198.19.1.50 tcp dport 9100 accept comment "extra source"'),
+    ],
+    ids=["plain-string-every-port", "no-tcp-ports-every-port", "one-port"],
+)
+def test_every_port_only_when_tcp_ports_is_left_out(entry, rule):
+    assert rule in _rules(render_ruleset(build_spec(_data(allow_sources=[entry]))))
+
+
 def test_every_problem_is_reported_at_once():
     errors = _errors(mgmt_allow_tcp=[99999, 22], cluster={"spark1": "198.18.200.12", "spark2": "10.1.1.1"},
                      mgmt_interface="")
