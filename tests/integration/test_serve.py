@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, LABCTL, ansible_env, ray_pids, recap, run_playbook, serve_pids, torn_down_lab
+from conftest import BIN, LABCTL, ansible_env, netns_processes, ray_pids, recap, run_playbook, serve_pids, torn_down_lab
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
 
@@ -45,6 +45,54 @@ def test_a_serve_that_crashes_at_start_fails_the_deploy_at_once_with_every_nodes
     assert "max_model_len" in out
     # Nothing was restarted in a loop afterwards by the failure report itself; Ray stays up for the next try.
     assert ray_pids("spark1").get("raylet") and ray_pids("spark2").get("raylet")
+
+
+def _files_holding(node: str, needle: str) -> list[str]:
+    """Files of the node's product dirs, /run and /tmp (Ray's session logs) that contain ``needle``, with their mode."""
+    code = ("import os,stat,sys;n=sys.argv[1].encode();out=[]\n"
+            "for top in ('/etc/multinode-vllm','/var/lib/multinode-vllm','/var/log/multinode-vllm','/run','/tmp'):\n"
+            "  for d,_,fs in os.walk(top):\n"
+            "    for f in fs:\n"
+            "      p=os.path.join(d,f)\n"
+            "      try:\n"
+            "        st=os.lstat(p)\n"
+            "        if stat.S_ISREG(st.st_mode) and st.st_size<64<<20 and n in open(p,'rb').read(): "
+            "out.append('%s %o'%(p,st.st_mode&0o777))\n"
+            "      except OSError: pass\n"
+            "print('\\n'.join(out))")
+    return subprocess.run([str(LABCTL), "exec", node, "--", "python3", "-c", code, needle], capture_output=True,
+                          text=True, check=True).stdout.split()
+
+
+def _environ_holds(pid: int, needle: str) -> bool:
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            return needle.encode() in handle.read()
+    except OSError:
+        return False
+
+
+def test_a_secret_reaches_vllm_serve_and_nothing_else(lab):
+    """issue 17: vllm_secret_env is in the serve process's environment and in its 0600 file, and nowhere else:
+    no command line, no other file (units, supervisor sections, env file, logs, Ray's session files), not the
+    -v or --diff output, not the Ray workers (vLLM's non-carry-over list)."""
+    token = "s3cret-%s" % os.urandom(8).hex()
+    run = run_playbook("playbooks/deploy.yml", "-v", "--diff", "-e",
+                       json.dumps({"vllm_secret_env": {"MULTINODE_TEST_SECRET": token}}))
+    _completion_ok(run)
+    assert token not in run.output
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                    assert token.encode() not in handle.read(), pid
+            except OSError:
+                pass
+    assert _files_holding("spark1", token) == ["/etc/multinode-vllm/vllm-api.env", "600"]
+    assert _files_holding("spark2", token) == []
+    assert any(_environ_holds(pid, token) for pid in serve_pids("spark1"))  # it did reach vllm serve
+    workers = [pid for pid, name, _text in netns_processes("spark2") if name.startswith(("ray::", "VLLM::"))]
+    assert workers and not any(_environ_holds(pid, token) for pid in workers)
 
 
 def _vllm_listeners(node: str, fabric_ip: str) -> list[dict]:
