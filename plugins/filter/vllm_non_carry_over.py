@@ -13,7 +13,7 @@ description:
     C(VLLM_CONFIG_ROOT) on the node running C(vllm serve).
   - Returns the per-host keys present in any node's environment plus every carried key whose value differs
     between nodes, plus the credentials (C(VLLM_API_KEY), C(HF_TOKEN), C(HUGGING_FACE_HUB_TOKEN)) and
-    O(secret_keys): vLLM would otherwise copy them into every Ray worker's runtime environment.
+    O(secret_keys), which vLLM would otherwise copy into every Ray worker's runtime environment.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:

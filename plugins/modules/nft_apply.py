@@ -19,9 +19,9 @@ description:
     armed that puts the saved table back after O(rollback_timeout) seconds. A later call with O(state=confirmed),
     made over a fresh connection, disarms it. So a ruleset that locks the controller out is rolled back by itself.
   - Just before the controller closes its connection to open a fresh one, O(state=confirming) records on the host
-    that the confirmation was asked for. A rollback records whether it was: if it was, the fresh connection did not
+    that the confirmation was asked for. A rollback records whether it was. If it was, the fresh connection did not
     get in (a lockout), and the same ruleset is refused on the next run (the marker file named in the error says how
-    to retry); if it was not, the play stopped before confirming (another host failed, the controller was
+    to retry). If it was not, the play stopped before confirming (another host failed, the controller was
     interrupted), the ruleset is not to blame, and the next run applies it again.
   - O(state=confirmed) and O(state=absent) clear the rollback marker.
   - O(state=absent) deletes the table (and disarms a pending rollback). In check mode nothing changes.
@@ -107,7 +107,7 @@ exact:
   type: bool
 rolled_back:
   description:
-    - The last rollback on this host (token, digest, time, nft's exit status, C(confirm_started) and C(reason): why it
+    - The last rollback on this host (token, digest, time, nft's exit status, C(confirm_started) and C(reason), why it
       happened), or null.
   returned: always
   type: dict

@@ -12,7 +12,7 @@ description:
   - The equivalent of C(ray stop --force) limited to this host's network namespace. C(ray stop) matches processes by
     name across the whole PID namespace; where nodes share one (the lab) it would also kill the other nodes' Ray.
   - O(scope=foreign) stops only Ray processes that this node's supervisord did not start (a hand-started Ray, as in
-    the incident); O(scope=ours) only those this collection started (under any runtime: their environment holds
+    the incident); O(scope=ours) only those this collection started (under any runtime, since their environment holds
     its config hash; found again after supervisord is stopped); O(scope=strays) only those of its processes that
     are not under this node's supervisord (orphans of the process runtime); O(scope=all) every Ray process here.
   - Sends SIGTERM, waits up to O(timeout) seconds, then SIGKILLs what is left.
