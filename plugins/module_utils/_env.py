@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from ._fabric import FabricError, FabricSelection, parse_cidr
-from ._text import one_line_error
+from ._text import one_line_error, shown
 
 # Keys whose value is specific to one node. vLLM's Ray executor copies the
 # driver's (head's) NCCL_*/UCX_* values to every worker unless the key is in
@@ -179,17 +179,44 @@ def carry_over_hazards(
     return errors
 
 
-def env_file(env: Mapping[str, str]) -> str:
-    """KEY=VALUE lines, readable by docker --env-file, systemd EnvironmentFile and the lab runtime.
+# What systemd's EnvironmentFile reads differently from docker's --env-file and the launcher (both take the value
+# raw), per systemd 252's src/basic/env-file.c: a backslash anywhere escapes the next character; a quote that opens
+# the value starts a quoted string (quotes later in an unquoted value are kept); blanks around an unquoted value are
+# stripped.
+_BLANKS = " \t"
 
-    Values are written raw (no quotes) because docker's env-file format takes
-    them literally; a value with a line break or NUL cannot be represented and is refused.
+
+def env_file_value_error(key: str, value: str) -> Optional[str]:
+    """Why ``value`` would not read back identically under all three env-file readers, or None."""
+    reason = ""
+    if "\\" in value:
+        reason = "contains a backslash at position %d, which systemd's EnvironmentFile reads as an escape" % (
+            value.index("\\"))
+    elif value.startswith(("'", '"')):
+        reason = "starts with a quote, which systemd's EnvironmentFile removes (it reads a quoted string)"
+    elif value and (value[0] in _BLANKS or value[-1] in _BLANKS):
+        reason = "starts or ends with a blank, which systemd's EnvironmentFile strips"
+    if reason:
+        return ("env file value of %s = %s %s, while docker --env-file and the process runtime's launcher keep it as "
+                "is, so the runtimes would see different values. Change the value (a value for vllm serve alone can "
+                "go in vllm_env, a secret in vllm_secret_env)" % (key, shown(value), reason))
+    return None
+
+
+def env_file(env: Mapping[str, str]) -> str:
+    """KEY=VALUE lines, read identically by docker --env-file, systemd EnvironmentFile and the launcher.
+
+    Values are written raw (no quotes) because docker's env-file format takes them literally; a value the three
+    readers would not read alike (a line break, NUL, a quote, a backslash, a leading or trailing blank) is refused.
     """
     lines = []
     for key in sorted(env):
         _check_key(key, "env file")
         value = str(env[key])
         _check_line("env file value of %s" % key, value)
+        error = env_file_value_error(key, value)
+        if error:
+            raise FabricError(error)
         lines.append("%s=%s" % (key, value))
     return "\n".join(lines) + "\n"
 
