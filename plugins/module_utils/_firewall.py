@@ -308,6 +308,12 @@ def render_ruleset(spec: FirewallSpec) -> str:
         rules.append("icmpv6 type echo-request accept")
     # Without neighbour discovery IPv6 stops working on every link; it never leaves the link.
     rules.append("icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-advert } ip6 hoplimit 255 accept")
+    # Multicast listener queries come from the link's router, link-local; a host that never answers them is cut off
+    # from its solicited-node groups by MLD-snooping switches, and neighbour discovery fails.
+    rules.append("icmpv6 type mld-listener-query ip6 saddr fe80::/10 accept")
+    # DHCPv6 replies reach a client from a server's or relay's link-local address (547 -> 546); conntrack does not
+    # match them to the client's multicast Solicit.
+    rules.append("ip6 saddr fe80::/10 udp sport 547 udp dport 546 accept")
     if spec.log_drops:
         rules.append('limit rate %s burst 5 packets log prefix "multinode_vllm drop: " level info' % spec.log_rate)
     rules.append('counter name "%s" drop' % DROP_COUNTER)

@@ -80,10 +80,14 @@ def test_policy_is_drop_and_the_rules_allow_exactly_the_issue_list():
     assert rules[4].startswith('iifname "enp1s0f1np1" ip saddr { 198.18.200.12, 198.18.200.13 } accept')
     assert rules[5].startswith('iifname "eth0" tcp dport { 22, 8000 } accept')
     assert rules[-1] == 'counter name "dropped" drop'
-    # Every accept is bound to an interface, a conntrack state or ICMP: nothing else open.
+    # Every accept is bound to an interface, a conntrack state, ICMP or an IPv6 link-local source: nothing else open.
     for rule in rules:
         if "accept" in rule:
-            assert rule.startswith(("ct state", 'iif "lo"', 'iifname "eth0"', 'iifname "enp1s0f1np1"', "icmp")), rule
+            assert rule.startswith(("ct state", 'iif "lo"', 'iifname "eth0"', 'iifname "enp1s0f1np1"', "icmp",
+                                    "ip6 saddr fe80::/10 ")), rule
+    # IPv6 management links: MLD queries and DHCPv6 replies, from link-local addresses only.
+    assert "icmpv6 type mld-listener-query ip6 saddr fe80::/10 accept" in rules
+    assert "ip6 saddr fe80::/10 udp sport 547 udp dport 546 accept" in rules
 
 
 def test_worker_without_api_port_and_single_port_is_not_a_set():

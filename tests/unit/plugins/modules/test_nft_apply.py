@@ -315,3 +315,50 @@ def _normal(text):
     from ansible_collections.multinode.vllm.plugins.module_utils._firewall import normalise_listing
 
     return normalise_listing(text)
+
+
+UDP6_LISTEN = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+s.bind(("::", 546))
+s.settimeout(float(sys.argv[1]))
+print("ready", flush=True)
+got = []
+try:
+    while True:
+        data, peer = s.recvfrom(100)
+        got.append("%s/%d" % (data.decode(), peer[1]))
+except socket.timeout:
+    pass
+print(" ".join(sorted(got)), flush=True)
+"""
+
+UDP6_SEND = r"""
+import socket, sys
+for src, sport, label in (("fe80::b", 547, "linklocal547"), ("fe80::b", 548, "linklocal548"),
+                          ("2001:db8:3::b", 547, "global547")):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.bind((src, sport, 0, socket.if_nametoindex("mgmt0")))
+    dst = "fe80::a" if src.startswith("fe80") else "2001:db8:3::a"
+    s.sendto(label.encode(), (dst, 546, 0, socket.if_nametoindex("mgmt0")))
+    s.close()
+"""
+
+
+def test_dhcpv6_replies_come_in_only_from_link_local_servers(lab, tmp_path):
+    """issue 17 (IPv6 management networks): a DHCPv6 reply (547 -> 546) from a link-local address is let in; the
+    same port from a global address, or another port, is dropped. MLD queries are let in from link-local
+    addresses only (rule checked below; sending one needs a raw socket and a router alert option)."""
+    for ns, host in ((NS_A, "a"), (NS_B, "b")):
+        _in(ns, "ip", "-6", "addr", "add", "fe80::%s/64" % host, "dev", "mgmt0", "nodad")
+        _in(ns, "ip", "-6", "addr", "add", "2001:db8:3::%s/64" % host, "dev", "mgmt0", "nodad")
+    applied = _module(lab, tmp_path, ruleset=_ruleset(), rollback_timeout=30)
+    _module(lab, tmp_path, state="confirmed", token=applied["token"])
+    listing = _listing()
+    assert "icmpv6 type mld-listener-query ip6 saddr fe80::/10 accept" in listing
+    listener = subprocess.Popen(["ip", "netns", "exec", NS_A, sys.executable, "-c", UDP6_LISTEN, "2"],
+                                stdout=subprocess.PIPE, text=True)
+    assert listener.stdout.readline().strip() == "ready"
+    _in(NS_B, sys.executable, "-c", UDP6_SEND)
+    assert listener.stdout.readline().split() == ["linklocal547/547"]
+    listener.wait()
