@@ -93,6 +93,8 @@ def test_a_secret_reaches_vllm_serve_and_nothing_else(lab):
     assert any(_environ_holds(pid, token) for pid in serve_pids("spark1"))  # it did reach vllm serve
     workers = [pid for pid, name, _text in netns_processes("spark2") if name.startswith(("ray::", "VLLM::"))]
     assert workers and not any(_environ_holds(pid, token) for pid in workers)
+    # Nor the API key: vLLM 0.32 copies VLLM_API_KEY (a registered vLLM variable) into Ray workers unless listed.
+    assert not any(_environ_holds(pid, "\0VLLM_API_KEY=") for pid in workers)
 
 
 def _vllm_listeners(node: str, fabric_ip: str) -> list[dict]:
