@@ -119,7 +119,7 @@ def test_the_timeout_bounds_the_wait(monkeypatch):
 
 
 def test_check_mode_warns_instead_of_failing(monkeypatch):
-    connect, _ = _silent()
+    connect, dummy = _silent()
     monkeypatch.setattr(api_reach.socket, "create_connection", connect)
     result = _action(monkeypatch, {"address": "198.18.200.12", "port": 8000, "timeout": 0.1}, check_mode=True).run(
         task_vars={"inventory_hostname": "spark1"})

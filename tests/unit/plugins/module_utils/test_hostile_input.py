@@ -176,7 +176,7 @@ def test_env_file_reads_back_as_written(env):
     assert lines[-1] == "" and len(lines) == len(env) + 1
     read = {}
     for line in lines[:-1]:
-        key, _, value = line.partition("=")
+        key, value = line.split("=", 1)
         read[key] = value
     assert read == {k: str(v) for k, v in env.items()}
     assert text.splitlines() == lines[:-1]  # no other line break hides inside a value
