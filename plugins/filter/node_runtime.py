@@ -66,6 +66,10 @@ options:
     description: Container image (docker runtime).
     type: str
     default: ""
+  image_var:
+    description: The inventory variable O(image) comes from, named in the error when it is empty.
+    type: str
+    default: ""
   model_dir:
     description: Model directory mounted read-only (docker runtime).
     type: str
@@ -110,13 +114,14 @@ from ansible_collections.multinode.vllm.plugins.module_utils._runtime import ren
 
 def node_runtime(env, runtime, name, program, args, env_file, python="", launcher="", log_dir="/var/log/multinode-vllm",
                  run_dir="/run/multinode-vllm", include_dir="/etc/multinode-vllm/supervisor.d",
-                 image="", model_dir=None, shm_size="16g", gpus="all", role=None, restart_on=None):
+                 image="", model_dir=None, shm_size="16g", gpus="all", role=None, restart_on=None,
+                 image_var=""):
     try:
         return render(
             str(runtime), str(name), {str(k): str(v) for k, v in dict(env).items()}, str(program),
             [str(a) for a in args], str(env_file), python=str(python), launcher=str(launcher), log_dir=str(log_dir),
             run_dir=str(run_dir), include_dir=str(include_dir), image=str(image or ""), model_dir=model_dir, shm_size=str(shm_size), gpus=str(gpus), role=role,
-            restart_on=dict(restart_on) if restart_on else None,
+            restart_on=dict(restart_on) if restart_on else None, image_var=str(image_var or ""),
         )
     except FabricError as exc:
         raise AnsibleFilterError(str(exc))

@@ -316,8 +316,11 @@ def render(
     gpus: str = "all",
     role: Optional[str] = None,
     restart_on: Optional[Mapping[str, Any]] = None,
+    image_var: str = "",
 ) -> dict[str, Any]:
     """Everything a role needs for one process under ``runtime``, with its config hash.
+
+    ``image_var`` names the inventory variable the image comes from, for the error when it is empty.
 
     ``restart_on`` holds values that are not in the env or the arguments but must restart the process when they
     change, such as the digest of a secret file the process reads at start (never the secret itself).
@@ -328,6 +331,11 @@ def render(
     if restart_on:
         extra["restart_on"] = {str(k): str(v) for k, v in restart_on.items()}
     if runtime == "docker":
+        if not image:
+            var = image_var or "the image variable"
+            raise FabricError("%s: multinode_runtime is docker (the default) but %s is empty; set %s to an image that "
+                              "holds Ray and vLLM (docs/install.md lists what each runtime needs on a node), or set "
+                              "multinode_runtime to process or systemd" % (name, var, var))
         extra["image"] = image
     digest = config_hash(env, args, extra)
     result: dict[str, Any] = {"runtime": runtime, "hash": digest, "args": [str(a) for a in args]}

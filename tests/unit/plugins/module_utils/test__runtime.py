@@ -230,3 +230,11 @@ def test_restart_on_changes_the_hash_and_never_carries_the_value():
     assert one["hash"] != rendered({"auth_token_sha256": "b" * 64})["hash"]
     # Only the config hash reaches the unit; the digest itself does not.
     assert "a" * 64 not in one["systemd_unit"]
+
+
+def test_docker_without_an_image_names_the_variable_to_set():
+    """issue 20: the default runtime is docker; an empty image must name the inventory variable, not 'the image'."""
+    with pytest.raises(FabricError, match="ray: multinode_runtime is docker .* but ray_docker_image is empty; set "
+                                          "ray_docker_image"):
+        render("docker", "ray", {"A": "1"}, "ray", ["start"], "/etc/multinode-vllm/node.env", image="",
+               image_var="ray_docker_image")
