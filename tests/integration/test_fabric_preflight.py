@@ -113,9 +113,10 @@ def _hosts(inv: Path, heads, workers) -> None:
 
 BAD_INVENTORIES = [
     pytest.param(lambda inv: _hosts(inv, [], ["spark1", "spark2"]),
-                 ["no host in group ray_head"], id="no-head"),
+                 ["No cluster to act on: the head group 'ray_head' has 0 hosts (none, or no such group)"],
+                 id="no-head"),
     pytest.param(lambda inv: _hosts(inv, ["spark1", "spark2"], []),
-                 ["group ray_head has 2 hosts (spark1, spark2)"], id="two-heads"),
+                 ["No cluster to act on: the head group 'ray_head' has 2 hosts (spark1, spark2)"], id="two-heads"),
     pytest.param(lambda inv: _set(inv / "host_vars" / "spark2.yml", fabric_ip="198.18.201.13"),
                  ["spark2: fabric_ip 198.18.201.13 is outside fabric_cidr 198.18.200.0/24"], id="outside-cidr"),
     pytest.param(lambda inv: _set(inv / "host_vars" / "spark2.yml", fabric_ip="198.18.200.12"),

@@ -153,8 +153,8 @@ def _bad_inventory(tmp_path: Path, case: str) -> Path:
 @pytest.mark.parametrize(
     "case, message",
     [
-        ("no-head", "no host in group ray_head"),
-        ("two-heads", "group ray_head has 2 hosts (spark1, spark2)"),
+        ("no-head", "No cluster to act on: the head group 'ray_head' has 0 hosts"),
+        ("two-heads", "No cluster to act on: the head group 'ray_head' has 2 hosts (spark1, spark2)"),
         ("outside-cidr", "spark2: fabric_ip 198.18.201.13 is outside fabric_cidr 198.18.200.0/24"),
         ("duplicate", "spark1 and spark2 both have fabric_ip 198.18.200.12"),
         ("not-carried", "spark2: no interface carries fabric_ip 198.18.200.50"),
