@@ -50,7 +50,7 @@ _value:
   type: dict
   contains:
     ok: {description: True when every rank passed and no hazard was found., type: bool}
-    problems: {description: Messages, the cause first., type: list, elements: str}
+    problems: {description: "Messages, the cause first.", type: list, elements: str}
     bandwidth: {description: "The slowest rank's all-reduce: bytes, seconds_per_op, algbw_GBps, busbw_GBps.", type: dict}
     ranks: {description: One summary row per host., type: list, elements: dict}
     elapsed: {description: The slowest rank's seconds., type: float}

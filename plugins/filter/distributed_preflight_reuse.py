@@ -8,9 +8,10 @@ name: distributed_preflight_reuse
 short_description: Whether a previous distributed preflight pass still proves this cluster
 version_added: 0.1.0
 description:
-  - Reads each host's registered M(multinode.vllm.distributed_preflight) return of O(action=fingerprint) and says
-    whether every node holds a proof of the same cluster fingerprint (the same env files, runtime versions,
-    addresses, interfaces, port and set of nodes), younger than O(max_age) seconds.
+  - Reads each host's registered M(multinode.vllm.distributed_preflight) return of
+    O(multinode.vllm.distributed_preflight#module:action=fingerprint) and says whether every node holds a proof
+    of the same cluster fingerprint (the same env files, runtime versions, addresses, interfaces, port and set of
+    nodes), younger than O(max_age) seconds.
   - The network itself is not part of the fingerprint; the fabric preflight probes it on every run.
 author: multinode.vllm maintainers (@multinode)
 options:

@@ -10,8 +10,9 @@ version_added: 0.1.0
 description:
   - Finds the most likely cause in the log tails (the failure table of C(docs/serve.md); the first signature found,
     most specific first), and returns the reason, that cause with its fix, and the last lines of every log.
-  - When the loop's results carry C(first_errors) (P(multinode.vllm.vllm_ready#module) with O(first_errors=true)),
-    each log's first exception is searched before its tail, and a generic engine failure is named by it.
+  - When the loop's results carry C(first_errors) (P(multinode.vllm.vllm_ready#module) with
+    O(multinode.vllm.vllm_ready#module:first_errors=true)), each log's first exception is searched before its
+    tail, and a generic engine failure is named by it.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
