@@ -8,6 +8,8 @@ VENV := $(CURDIR)/.venv
 BIN := $(VENV)/bin
 COLLECTIONS := $(CURDIR)/.cache/collections
 COLLECTION_LINK := $(COLLECTIONS)/ansible_collections/multinode/vllm
+# The docs tools (antsibull-docs, Sphinx) live in their own venv, pinned by requirements/docs.lock.
+DOCS_VENV := $(CURDIR)/.cache/docs-venv
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(BIN):$(PATH)
 # The repo root is the collection: import it as ansible_collections.multinode.vllm.
@@ -16,7 +18,7 @@ export PYTHONPATH := $(COLLECTIONS)
 include lab/lab.mk
 include lab/lab-runtime.mk
 
-.PHONY: help setup system-deps check unit lint sanity build test integration molecule lock clean demo demo-down bench lab-runtime
+.PHONY: help setup system-deps check unit lint docs docs-lock sanity build test integration molecule lock clean demo demo-down bench lab-runtime
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -48,6 +50,20 @@ lint: setup ## ansible-lint (production profile)
 
 check: unit lint ## The fast inner loop: unit tests and lint
 
+$(DOCS_VENV)/.stamp: requirements/docs.lock
+	rm -rf $(DOCS_VENV) && $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/docs.lock
+	touch $@
+
+docs: setup $(DOCS_VENV)/.stamp ## Lint the plugin/role docs (antsibull-docs) and build the docs site into .cache/docs-site (Sphinx -W, offline)
+	tests/docs/run.sh $(DOCS_VENV)/bin $(BIN)
+
+docs-lock: ## Re-pin requirements/docs.lock from requirements/docs.in
+	rm -rf .cache/docs-lockvenv && $(PYTHON) -m venv .cache/docs-lockvenv
+	.cache/docs-lockvenv/bin/pip install -q -r requirements/docs.in
+	{ echo '# Generated from requirements/docs.in with `pip freeze` (Python 3.11). Regenerate with `make docs-lock`.'; \
+	  .cache/docs-lockvenv/bin/pip freeze; } > requirements/docs.lock
+
 sanity: setup ## ansible-test sanity on a copy of the collection
 	tests/sanity/run.sh $(BIN)
 
@@ -62,7 +78,7 @@ integration: setup system-deps lab-runtime ## Lab tests and integration tests ov
 molecule: setup system-deps lab-runtime ## The molecule scenario(s) over the lab
 	cd $(CURDIR) && $(BIN)/molecule test --all
 
-test: check sanity build integration molecule ## Everything CI runs
+test: check docs sanity build integration molecule ## Everything CI runs
 	@$(LABCTL) down >/dev/null
 	@echo "make test: all passed"
 
