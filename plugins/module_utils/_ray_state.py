@@ -159,11 +159,11 @@ def evaluate(
                 )
         total = sum(n.gpus for n in alive)
         if total < required_gpus:
+            per_node = ", ".join("%s=%s" % (host_of(n.address) or n.address, _gpus(n.gpus)) for n in alive)
             errors.append(
                 "Ray sees %s GPUs in total (%s) but tensor_parallel_size * pipeline_parallel_size = %d; add nodes or "
                 "GPUs, or lower the parallel sizes"
-                % (_gpus(total), ", ".join("%s=%s" % (host_of(n.address) or n.address, _gpus(n.gpus)) for n in alive)
-                   or "no alive nodes", required_gpus)
+                % (_gpus(total), per_node or "no alive nodes", required_gpus)
             )
 
     # 6. the raylet's VLLM_HOST_IP on each node: its own fabric address, unique.

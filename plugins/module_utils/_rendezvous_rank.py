@@ -157,6 +157,16 @@ def _nccl_match(entries, name, exact):
     return False
 
 
+def _nccl_default_rank(name):
+    """NCCL's preference when NCCL_SOCKET_IFNAME is unset: ib*, then any other name, then docker*, lo*, virbr*."""
+    if name.startswith("ib"):
+        return 0
+    for rank, prefix in ((2, "docker"), (3, "lo"), (4, "virbr")):
+        if name.startswith(prefix):
+            return rank
+    return 1
+
+
 def nccl_selection(value, interfaces, fabric_ip):
     """The interface NCCL bootstraps on for NCCL_SOCKET_IFNAME=value.
 
@@ -172,13 +182,7 @@ def nccl_selection(value, interfaces, fabric_ip):
     candidates = [i for i in interfaces if i["up"] and i["running"] and i["ipv4"]]
     chosen = None
     if value is None or len(value) <= 1:
-        order = (
-            [i for i in candidates if i["name"].startswith("ib")]
-            + [i for i in candidates if not i["name"].startswith(("ib", "docker", "lo", "virbr"))]
-            + [i for i in candidates if i["name"].startswith("docker")]
-            + [i for i in candidates if i["name"].startswith("lo")]
-            + [i for i in candidates if i["name"].startswith("virbr")]
-        )
+        order = sorted(candidates, key=lambda i: _nccl_default_rank(i["name"]))  # stable: kernel order within a rank
         chosen = order[0] if order else None
     else:
         spec = value

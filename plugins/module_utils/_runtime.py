@@ -200,8 +200,8 @@ def systemd_unit(
         raise FabricError("systemd needs an absolute program path; got %r" % program)
     if not env_file_path.startswith("/"):
         raise FabricError("systemd needs an absolute EnvironmentFile path; got %r" % env_file_path)
-    _check_lines("unit %r" % description, _command_words([program] + list(args))
-                 + [("EnvironmentFile", env_file_path), ("Description", description)])
+    _check_lines("unit %r" % description,
+                 [*_command_words([program, *args]), ("EnvironmentFile", env_file_path), ("Description", description)])
     exec_start = " ".join(_systemd_quote(a) for a in [program] + [str(a) for a in args])
     after_line = " ".join(after)
     lines = [
@@ -255,8 +255,8 @@ def docker_container_params(
     """
     _check_name(name, "container name")
     # Docker passes argv as a list, but NUL ends a word in execve and the env file is line based.
-    _check_lines("container %s" % name, _command_words([program] + list(args))
-                 + [("env_file", env_file_path), ("image", image)])
+    _check_lines("container %s" % name,
+                 [*_command_words([program, *args]), ("env_file", env_file_path), ("image", image)])
     if not image:
         raise FabricError("container %s: no image given; set the image variable" % name)
     if gpus == "all":
