@@ -18,7 +18,7 @@ export PYTHONPATH := $(COLLECTIONS)
 include lab/lab.mk
 include lab/lab-runtime.mk
 
-.PHONY: help setup system-deps check unit lint docs docs-lock sanity build test integration molecule lock clean demo demo-down bench lab-runtime
+.PHONY: help setup system-deps check unit lint docs docs-lock sanity sanity-deps build importer importer-lock test integration molecule lock clean demo demo-down bench lab-runtime
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -64,11 +64,41 @@ docs-lock: ## Re-pin requirements/docs.lock from requirements/docs.in
 	{ echo '# Generated from requirements/docs.in with `pip freeze` (Python 3.11). Regenerate with `make docs-lock`.'; \
 	  .cache/docs-lockvenv/bin/pip freeze; } > requirements/docs.lock
 
-sanity: setup ## ansible-test sanity on a copy of the collection
+# ansible-test sanity's shellcheck test is skipped, with a warning only, when shellcheck is missing.
+SANITY_DEPS := shellcheck
+
+sanity-deps: ## Install the Debian packages ansible-test sanity needs (shellcheck; root, only what is missing)
+	@missing=""; for p in $(SANITY_DEPS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "sanity-deps: need root to install:$$missing" >&2; exit 1; fi; \
+	echo "sanity-deps: installing$$missing"; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing \
+	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; }
+
+sanity: setup sanity-deps ## ansible-test sanity on a copy of the collection
 	tests/sanity/run.sh $(BIN)
 
-build: setup ## Build the collection tarball and install it into a fresh collections path
+build: setup ## Build the collection tarball (kept in .cache/dist), install it into a fresh collections path, check its file list
 	tests/build/run.sh $(BIN)
+
+# galaxy-importer pins its own ansible-core and ansible-lint: its own venv, pinned by requirements/importer.lock.
+IMPORTER_VENV := $(CURDIR)/.cache/importer-venv
+
+$(IMPORTER_VENV)/.stamp: requirements/importer.lock
+	rm -rf $(IMPORTER_VENV) && $(PYTHON) -m venv $(IMPORTER_VENV)
+	$(IMPORTER_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/importer.lock
+	touch $@
+
+importer: build $(IMPORTER_VENV)/.stamp ## galaxy-importer on the built tarball (offline, no ansible-test); fails on any error or warning
+	tests/build/importer.sh $(IMPORTER_VENV)/bin
+
+importer-lock: ## Re-pin requirements/importer.lock from requirements/importer.in
+	rm -rf .cache/importer-lockvenv && $(PYTHON) -m venv .cache/importer-lockvenv
+	.cache/importer-lockvenv/bin/pip install -q -r requirements/importer.in
+	{ echo '# Generated from requirements/importer.in with `pip freeze` (Python 3.11). Regenerate with `make importer-lock`.'; \
+	  .cache/importer-lockvenv/bin/pip freeze; } > requirements/importer.lock
 
 lab-runtime: lab-venv lab-model ## Build the lab's node venv (Ray, vLLM CPU) and the tiny model (cached)
 
@@ -78,7 +108,7 @@ integration: setup system-deps lab-runtime ## Lab tests and integration tests ov
 molecule: setup system-deps lab-runtime ## The molecule scenario(s) over the lab
 	cd $(CURDIR) && $(BIN)/molecule test --all
 
-test: check docs sanity build integration molecule ## Everything CI runs
+test: check docs sanity build importer integration molecule ## Everything CI runs
 	@$(LABCTL) down >/dev/null
 	@echo "make test: all passed"
 
