@@ -38,8 +38,8 @@ def infra_repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("infra-repo")
     built = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build", "--force", "--output-path",
                             str(repo / "dist"), str(ROOT)], capture_output=True, text=True, check=True)
-    tarball = next((repo / "dist").glob("multinode-vllm-*.tar.gz"))
-    assert tarball.exists(), built.stdout
+    tarball = next((repo / "dist").glob("multinode-vllm-*.tar.gz"), None)
+    assert tarball is not None and tarball.exists(), built.stdout
     (repo / "ansible.cfg").write_text("[defaults]\ncollections_path = ./collections\ninventory = ./inventory\n"
                                       "forks = 10\n[ssh_connection]\npipelining = true\n")
     (repo / "requirements.yml").write_text(yaml.safe_dump(
