@@ -95,3 +95,36 @@ def test_the_render_runs_usr_bin_env_with_exactly_these_words():
     # No other task of the role joins KEY=VALUE words itself.
     with open(TASKS) as handle:
         assert "map('join', '=')" not in handle.read()
+
+
+@pytest.mark.parametrize("runtime", ["process", "systemd", "docker"])
+def test_a_secret_is_in_no_rendered_artefact_of_any_runtime(runtime):
+    """issue 17: vllm_secret_env reaches vllm serve through its 0600 file only. The role's own render expression,
+    templated for each runtime with a secret and the API key set: neither value is in the supervisor section, the
+    unit, the container parameters or the config hash inputs; the file that holds them is what the program reads."""
+    secret, api_key = "s3cret-value-of-the-test", "api-key-of-the-test-0123456789"
+    expression, task_vars = _task_setting("__serve_render")
+    variables = dict(DataLoader().load_from_file(DEFAULTS, trusted_as_template=True))
+    variables.update(task_vars)
+    variables.update({
+        "inventory_hostname": "spark1",
+        "groups": {"ray_head": ["spark1"], "ray_workers": ["spark2"]},
+        "__serve_head": "spark1",
+        "multinode_runtime": runtime,
+        "multinode_venv": "/opt/venv",
+        "multinode_model_dir": "/models",
+        "serve_docker_image": "vllm/vllm-openai:test",
+        "node_env_vars": {"VLLM_HOST_IP": HEAD, "GLOO_SOCKET_IFNAME": "enp1s0f1np1"},
+        "vllm_api_key_enabled": True,
+        "__serve_api_key": api_key,
+        "vllm_secret_env": {"MY_SECRET": secret},
+        "__serve_secret_env": {"VLLM_API_KEY": api_key, "MY_SECRET": secret},
+        "__serve_env_words": ["PYTHONDONTWRITEBYTECODE=1"],
+        "__serve_args": ["serve", "/models/tiny", "--port", "8000"],
+    })
+    rendered = Templar(loader=DataLoader(), variables=variables).template(expression)
+    text = repr(rendered)
+    assert secret not in text and api_key not in text
+    assert variables["serve_api_env_file"] in text  # the program sources the 0600 file
+    assert rendered["runtime"] == runtime and ("docker" in rendered or "systemd_unit" in rendered
+                                               or "supervisor_program" in rendered)
