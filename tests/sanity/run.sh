@@ -32,4 +32,6 @@ fi
 sed "s|@PIP_WHEEL@|$wheel|" "$root/tests/sanity/get_pip_offline.py" > "$cache/get_pip_${pip_version//./_}.py"
 # --venv: ansible-test installs its pinned sanity tools in its own venvs (PyPI is reachable);
 # no container engine is needed. Python 3.11 is the controller and target Python here.
-"$bin/ansible-test" sanity --venv --python 3.11 --color no "${@:2}"
+# ANSIBLE_TEST_COMMAND=units runs `ansible-test units` on the same copy instead (make matrix);
+# SANITY_WORKDIR keeps one copy per ansible-core version apart.
+"$bin/ansible-test" "${ANSIBLE_TEST_COMMAND:-sanity}" --venv --python 3.11 --color no "${@:2}"

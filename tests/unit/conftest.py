@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+from unittest import mock
 
 import pytest
 import yaml
@@ -98,3 +100,38 @@ def ip_runner() -> Callable[..., Callable[[list], str]]:
         return run
 
     return build
+
+
+try:  # ansible-core >= 2.19
+    from ansible.module_utils.testing import patch_module_args
+except ImportError:  # 2.17, 2.18: AnsibleModule reads its arguments from basic._ANSIBLE_ARGS when set
+
+    @contextlib.contextmanager
+    def patch_module_args(args: dict[str, Any] | None = None) -> Iterator[None]:
+        from ansible.module_utils import basic
+
+        with mock.patch.object(basic, "_ANSIBLE_ARGS", json.dumps({"ANSIBLE_MODULE_ARGS": args or {}}).encode()):
+            yield
+
+
+@pytest.fixture
+def run_main(monkeypatch, capsys) -> Callable[[Callable[[], None], dict[str, Any]], tuple[Any, dict[str, Any]]]:
+    """``run_main(module.main, args)`` -> (exit code, result): a module's main() as Ansible runs it on a node.
+
+    Works on every ansible-core that meta/runtime.yml supports (2.17 on), under plain pytest and ansible-test units.
+    """
+    try:
+        from ansible.module_utils import _internal
+    except ImportError:  # 2.17
+        _internal = None
+    if hasattr(_internal, "is_controller"):  # ansible-core >= 2.19
+        # Importing controller code (the filter tests do, in the plain pytest run) flags this process as the
+        # controller, and module warnings would then go to the display instead of the result; run as on a target.
+        monkeypatch.setattr(_internal, "is_controller", False)
+
+    def run(main: Callable[[], None], args: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        with patch_module_args(args), pytest.raises(SystemExit) as caught:
+            main()
+        return caught.value.code, json.loads(capsys.readouterr().out)
+
+    return run

@@ -9,11 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.filter.firewall_boot_unit import firewall_boot_unit
-from ansible_collections.multinode.vllm.plugins.filter.firewall_errors import firewall_errors
-from ansible_collections.multinode.vllm.plugins.filter.firewall_ruleset import firewall_ruleset
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
 from ansible_collections.multinode.vllm.plugins.module_utils._firewall import (
     boot_unit,
@@ -243,18 +239,6 @@ def test_cluster_ips_prefers_facts_then_inventory():
     }
 
 
-def test_filters_resolve_cluster_hosts_and_raise_on_bad_input():
-    hostvars = {"spark1": {"multinode_fabric": {"ip": "198.18.200.12"}}, "spark2": {"fabric_ip": "198.18.200.13"}}
-    spec = _data(cluster_hosts=["spark1", "spark2"])
-    del spec["cluster"]
-    assert firewall_errors(spec, hostvars) == []
-    assert "{ 198.18.200.12, 198.18.200.13 }" in firewall_ruleset(spec, hostvars)
-    spec["cluster_hosts"] = ["spark1", "spark3"]
-    assert any("spark3" in e for e in firewall_errors(spec, hostvars))
-    with pytest.raises(AnsibleFilterError, match="spark3"):
-        firewall_ruleset(spec, hostvars)
-
-
 def test_normalise_listing_ignores_traffic_counts_only():
     one = "table inet t {\n\tcounter dropped {\n\t\tpackets 12 bytes 3400\n\t}\n\n\tchain input {\n\t}\n}\n"
     two = one.replace("packets 12 bytes 3400", "packets 0 bytes 0")
@@ -313,8 +297,6 @@ def test_boot_unit_loads_the_kept_table_before_the_network_and_the_cluster():
 def test_boot_unit_refuses_paths_systemd_would_read_otherwise(path, nft):
     with pytest.raises(FabricError, match="absolute path"):
         boot_unit(path, nft)
-    with pytest.raises(AnsibleFilterError, match="absolute path"):
-        firewall_boot_unit(path, nft)
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze") or not shutil.which("nft"), reason="needs systemd-analyze, nft")

@@ -99,7 +99,8 @@ def listen(netns):
 def _run_module(netns, tmp_path, args):
     path = tmp_path / "args.json"
     path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    env = dict(os.environ, PYTHONPATH=COLLECTIONS)
+    # This interpreter's path too: ansible may be there only (ansible-test units puts it on PYTHONPATH, not in the venv).
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([COLLECTIONS] + [p for p in sys.path if p]))
     done = subprocess.run(["ip", "netns", "exec", netns, sys.executable, MODULE, str(path)],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
     assert done.stdout, "module printed nothing (exit %d): %s" % (done.returncode, done.stderr)

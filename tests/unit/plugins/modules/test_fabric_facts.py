@@ -5,18 +5,14 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from ansible.module_utils import _internal as module_utils_internal
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.multinode.vllm.plugins.module_utils import _sysfs
 from ansible_collections.multinode.vllm.plugins.modules import fabric_facts
 
 
 @pytest.fixture
-def run_module(monkeypatch, capsys, fixture_data, ip_runner, sysfs_tree):
+def run_module(monkeypatch, fixture_data, ip_runner, sysfs_tree, run_main):
     """run_module(args, sysfs_changes) -> (exit code, result) with the Spark's sysfs and ip output."""
 
     def run(args, sysfs_changes=None):
@@ -26,12 +22,7 @@ def run_module(monkeypatch, capsys, fixture_data, ip_runner, sysfs_tree):
         root = sysfs_tree(files)
         ip = ip_runner(fixture_data("ip/spark1-addr.json"), fixture_data("ip/spark1-route-default.json"))
         monkeypatch.setattr(fabric_facts, "read_network", lambda: _sysfs.read_network(root, ip=ip))
-        # Importing controller code (the filter tests do) flags this process as the controller, and
-        # module warnings would then go to the display instead of the result; run as on a target.
-        monkeypatch.setattr(module_utils_internal, "is_controller", False)
-        with patch_module_args(args), pytest.raises(SystemExit) as caught:
-            fabric_facts.main()
-        return caught.value.code, json.loads(capsys.readouterr().out)
+        return run_main(fabric_facts.main, args)
 
     return run
 
@@ -86,13 +77,11 @@ def test_down_link(run_module, allow, expected_code):
         assert result["msg"] == message
 
 
-def test_ip_failure_is_reported_with_host(monkeypatch, capsys):
+def test_ip_failure_is_reported_with_host(monkeypatch, run_main):
     def broken():
         raise OSError(2, "No such file or directory: 'ip'")
 
     monkeypatch.setattr(fabric_facts, "read_network", broken)
-    with patch_module_args({"fabric_cidr": "198.18.200.0/24", "host": "spark1"}), pytest.raises(SystemExit):
-        fabric_facts.main()
-    result = json.loads(capsys.readouterr().out)
+    _code, result = run_main(fabric_facts.main, {"fabric_cidr": "198.18.200.0/24", "host": "spark1"})
     assert result["failed"] is True
     assert result["msg"].startswith("spark1: could not read interfaces with `ip -j`:")

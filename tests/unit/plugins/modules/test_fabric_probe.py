@@ -11,7 +11,6 @@ import socket
 import time
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.multinode.vllm.plugins.modules import fabric_probe
 
@@ -51,13 +50,8 @@ def _wait_closed(port, seconds=2.0):
 
 
 @pytest.fixture
-def run(capsys):
-    def run_module(args):
-        with patch_module_args(args), pytest.raises(SystemExit) as caught:
-            fabric_probe.main()
-        return caught.value.code, json.loads(capsys.readouterr().out)
-
-    return run_module
+def run(run_main):
+    return lambda args: run_main(fabric_probe.main, args)
 
 
 @pytest.fixture

@@ -10,22 +10,13 @@ import os
 import stat
 
 import pytest
-from ansible.module_utils import _internal as module_utils_internal
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.multinode.vllm.plugins.modules import node_files
 
 
 @pytest.fixture
-def run(monkeypatch, capsys):
-    monkeypatch.setattr(module_utils_internal, "is_controller", False)
-
-    def call(args):
-        with patch_module_args(args), pytest.raises(SystemExit) as caught:
-            node_files.main()
-        return caught.value.code, json.loads(capsys.readouterr().out)
-
-    return call
+def run(run_main):
+    return lambda args: run_main(node_files.main, args)
 
 
 def _args(tmp_path, content="A=1\n", mode="0600", **extra):

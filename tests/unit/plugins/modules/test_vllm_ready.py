@@ -6,11 +6,9 @@
 from __future__ import annotations
 
 import pytest
-from ansible.errors import AnsibleFilterError
 
 from ansible_collections.multinode.vllm.plugins.filter.vllm_failure_report import vllm_failure_report
 from ansible_collections.multinode.vllm.plugins.filter.vllm_rendezvous_errors import vllm_rendezvous_errors
-from ansible_collections.multinode.vllm.plugins.filter.vllm_serve_args import vllm_serve_args
 from ansible_collections.multinode.vllm.plugins.module_utils._procs import is_serve
 from ansible_collections.multinode.vllm.plugins.modules.vllm_ready import first_error, tail
 
@@ -47,16 +45,6 @@ def test_first_error_reads_the_whole_log_not_the_tail(tmp_path):
                    "RuntimeError: open shm in SHMManager failed. errno: 2\n" + "INFO filler\n" * 500)
     assert first_error(str(log)) == {"who": "", "line": "RuntimeError: open shm in SHMManager failed. errno: 2"}
     assert first_error(str(tmp_path / "nope.log")) is None
-
-
-def test_serve_args_filter_checks_sizes_and_names_unknown_settings():
-    settings = {"model": "/m", "tensor_parallel_size": 2, "api_host": "198.19.1.10"}
-    args = vllm_serve_args(settings, backend="ray", gpus_per_node={"spark1": 1, "spark2": 1})
-    assert args[:2] == ["serve", "/m"] and "--distributed-executor-backend" in args
-    with pytest.raises(AnsibleFilterError, match="but the 1 nodes have 1 GPUs"):
-        vllm_serve_args(settings, backend="ray", gpus_per_node={"spark1": 1})
-    with pytest.raises(AnsibleFilterError, match="unknown settings colour"):
-        vllm_serve_args(dict(settings, colour="red"), backend="ray", gpus_per_node={"a": 2})
 
 
 def test_failure_report_and_rendezvous_filters():

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 
@@ -44,10 +45,16 @@ def _collections():
     sys.modules.update(saved)
 
 
+def _load(path):
+    """A YAML file of the role as ansible-playbook loads it: its strings are templates."""
+    if "trusted_as_template" in inspect.signature(DataLoader.load_from_file).parameters:  # ansible-core >= 2.19
+        return DataLoader().load_from_file(path, trusted_as_template=True)
+    return DataLoader().load_from_file(path)  # 2.17, 2.18: every string may be templated
+
+
 def _task_setting(name):
     """(expression, task vars) of the set_fact task that sets ``name``."""
-    loader = DataLoader()
-    for task in loader.load_from_file(TASKS, trusted_as_template=True):
+    for task in _load(TASKS):
         facts = task.get("ansible.builtin.set_fact") or {}
         if name in facts:
             return facts[name], dict(task.get("vars") or {})
@@ -56,7 +63,7 @@ def _task_setting(name):
 
 def _env_words(vllm_env, **overrides):
     expression, task_vars = _task_setting("__serve_env_words")
-    variables = dict(DataLoader().load_from_file(DEFAULTS, trusted_as_template=True))
+    variables = dict(_load(DEFAULTS))
     variables.update(task_vars)
     variables.update({
         "inventory_hostname": "spark1",
@@ -104,7 +111,7 @@ def test_a_secret_is_in_no_rendered_artefact_of_any_runtime(runtime):
     unit, the container parameters or the config hash inputs; the file that holds them is what the program reads."""
     secret, api_key = "s3cret-value-of-the-test", "api-key-of-the-test-0123456789"
     expression, task_vars = _task_setting("__serve_render")
-    variables = dict(DataLoader().load_from_file(DEFAULTS, trusted_as_template=True))
+    variables = dict(_load(DEFAULTS))
     variables.update(task_vars)
     variables.update({
         "inventory_hostname": "spark1",
