@@ -7,7 +7,7 @@ Pure and typed: no Ansible imports, no I/O. The fabric role runs them on the con
 deploy.yml (filter ``inventory_errors``), before any host is touched, and lists every host's problems at once,
 each as "host: variable = value: what is expected; how to fix".
 
-The roles that own these variables (ray, serve) are not loaded in that gate, so their defaults are repeated here;
+The roles that own these variables (cluster, ray, serve) are not loaded in that gate, so their defaults are repeated here;
 ``tests/unit/plugins/module_utils/test__inventory.py`` keeps them equal to the roles' defaults/main.yml.
 
 ``api_reach_error`` words the verdict of the controller's TCP connect to the API address (action ``api_reach``).
@@ -23,8 +23,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ansible_collections.multinode.vllm.plugins.module_utils._env import RAY_HEAD_ONLY_PORT_FLAGS, RAY_PORT_FLAGS
 
-# roles/ray/defaults/main.yml
+# roles/cluster/defaults/main.yml
 RAY_GCS_PORT = 6379
+# roles/ray/defaults/main.yml
 RAY_PINNED_PORTS: Mapping[str, int] = {
     "node_manager_port": 6380,
     "object_manager_port": 6381,
@@ -41,6 +42,7 @@ RAY_PINNED_PORTS: Mapping[str, int] = {
 RAY_DEFAULT_WORKER_RANGE = (10002, 19999)
 # roles/serve/defaults/main.yml
 VLLM_API_PORT = 8000
+# roles/cluster/defaults/main.yml
 VLLM_BACKEND = "ray"
 
 # The hostvars each check reads (the filter passes these only).

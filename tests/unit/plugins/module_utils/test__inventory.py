@@ -156,12 +156,13 @@ def test_the_lab_inventory_is_valid():
 def test_defaults_repeated_here_are_the_roles_defaults():
     ray = _yaml("roles", "ray", "defaults", "main.yml")
     serve = _yaml("roles", "serve", "defaults", "main.yml")
+    cluster = _yaml("roles", "cluster", "defaults", "main.yml")
     assert dict(_inventory.RAY_PINNED_PORTS) == ray["ray_pinned_ports"]
-    assert _inventory.RAY_GCS_PORT == ray["ray_gcs_port"]
+    assert _inventory.RAY_GCS_PORT == cluster["ray_gcs_port"]
     assert (ray["ray_pinned_ports"]["min_worker_port"], ray["ray_pinned_ports"]["max_worker_port"]) == \
         _inventory.RAY_DEFAULT_WORKER_RANGE
     assert _inventory.VLLM_API_PORT == serve["vllm_api_port"]
-    assert _inventory.VLLM_BACKEND == serve["vllm_backend"]
+    assert _inventory.VLLM_BACKEND == cluster["vllm_backend"]
     assert not ray["ray_ports"] and serve["vllm_api_host"] == ""
 
 

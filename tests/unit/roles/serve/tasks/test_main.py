@@ -16,8 +16,16 @@ from ansible.template import Templar
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", ".."))
 TASKS = os.path.join(ROOT, "roles", "serve", "tasks", "main.yml")
-DEFAULTS = os.path.join(ROOT, "roles", "serve", "defaults", "main.yml")
+# The serve role's variables as ansible-playbook layers them: its dependency's defaults (the cluster role's shared
+# settings), its own defaults, its vars.
+ROLE_VARS = [os.path.join(ROOT, "roles", "cluster", "defaults", "main.yml"),
+             os.path.join(ROOT, "roles", "serve", "defaults", "main.yml"),
+             os.path.join(ROOT, "roles", "serve", "vars", "main.yml")]
 HEAD = "198.18.200.12"
+# The fabric role's fact for spark1 (filter cluster_identity).
+CLUSTER = {"head": "spark1", "workers": ["spark2"], "hosts": ["spark1", "spark2"], "role": "head", "node_rank": 0,
+           "head_fabric_ip": HEAD, "ray_address": HEAD + ":6379", "backend": "ray", "runtime": "process",
+           "serve": True}
 
 
 def _collection_modules():
@@ -52,6 +60,13 @@ def _load(path):
     return DataLoader().load_from_file(path)  # 2.17, 2.18: every string may be templated
 
 
+def _role_vars():
+    variables = {}
+    for path in ROLE_VARS:
+        variables.update(_load(path))
+    return variables
+
+
 def _task_setting(name):
     """(expression, task vars) of the set_fact task that sets ``name``."""
     for task in _load(TASKS):
@@ -63,13 +78,13 @@ def _task_setting(name):
 
 def _env_words(vllm_env, **overrides):
     expression, task_vars = _task_setting("__serve_env_words")
-    variables = dict(_load(DEFAULTS))
+    variables = _role_vars()
     variables.update(task_vars)
     variables.update({
         "inventory_hostname": "spark1",
         "groups": {"ray_head": ["spark1"], "ray_workers": ["spark2"]},
         "hostvars": {"spark1": {"multinode_fabric": {"ip": HEAD, "mgmt_ip": "198.19.1.10"}}},
-        "__serve_head": "spark1",
+        "multinode_cluster": CLUSTER,
         "vllm_env": vllm_env,
     })
     variables.update(overrides)
@@ -111,12 +126,12 @@ def test_a_secret_is_in_no_rendered_artefact_of_any_runtime(runtime):
     unit, the container parameters or the config hash inputs; the file that holds them is what the program reads."""
     secret, api_key = "s3cret-value-of-the-test", "api-key-of-the-test-0123456789"
     expression, task_vars = _task_setting("__serve_render")
-    variables = dict(_load(DEFAULTS))
+    variables = _role_vars()
     variables.update(task_vars)
     variables.update({
         "inventory_hostname": "spark1",
         "groups": {"ray_head": ["spark1"], "ray_workers": ["spark2"]},
-        "__serve_head": "spark1",
+        "multinode_cluster": CLUSTER,
         "multinode_runtime": runtime,
         "multinode_venv": "/opt/venv",
         "multinode_model_dir": "/models",
