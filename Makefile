@@ -70,14 +70,7 @@ docs-lock: ## Re-pin requirements/docs.lock from requirements/docs.in
 SANITY_DEPS := shellcheck
 
 sanity-deps: ## Install the Debian packages ansible-test sanity needs (shellcheck; root, only what is missing)
-	@missing=""; for p in $(SANITY_DEPS); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
-	done; \
-	if [ -z "$$missing" ]; then exit 0; fi; \
-	if [ "$$(id -u)" != 0 ]; then echo "sanity-deps: need root to install:$$missing" >&2; exit 1; fi; \
-	echo "sanity-deps: installing$$missing"; \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing \
-	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; }
+	@$(LAB_MK_DIR)/apt-install-missing.sh sanity-deps $(SANITY_DEPS)
 
 sanity: setup sanity-deps ## ansible-test sanity on a copy of the collection
 	tests/sanity/run.sh $(BIN)

@@ -23,14 +23,7 @@ LAB_PYTEST ?= $(if $(wildcard $(LAB_REPO_ROOT)/.venv/bin/pytest),$(LAB_REPO_ROOT
 .PHONY: lab-deps lab-up lab-down lab-status lab-clean lab-ping lab-test lab-bench lab-inventory
 
 lab-deps: ## Install the lab's Debian packages if missing (root, apt)
-	@missing=""; for p in $(LAB_DEPS); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
-	done; \
-	if [ -z "$$missing" ]; then exit 0; fi; \
-	if [ "$$(id -u)" != 0 ]; then echo "lab-deps: need root to install:$$missing" >&2; exit 1; fi; \
-	echo "lab-deps: installing$$missing"; \
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing \
-	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; }
+	@$(LAB_MK_DIR)/apt-install-missing.sh lab-deps $(LAB_DEPS)
 
 lab-up: lab-deps ## Bring the lab up (LAB_NODES=N, default 2); idempotent
 	@$(LABCTL) up $(LAB_NODES)
