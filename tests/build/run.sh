@@ -23,7 +23,7 @@ cd "$out"
 # lab/bench/GPU/integration tests, repo configs, caches) is a developer file that build_ignore must leave out.
 installed=$out/collections/ansible_collections/multinode/vllm
 shipped='^(README\.md|LICENSE|CHANGELOG\.md|MANIFEST\.json|FILES\.json|(meta|plugins|roles|playbooks|docs|changelogs|tests/unit)/.+|tests/sanity/ignore-[0-9.]+\.txt)$'
-dev='(^|/)(Makefile|[^/]*\.lock|requirements|inventories|lab|\.venv|\.lab|\.cache|\.hypothesis|\.pytest_cache|__pycache__|[^/]*\.pyc|\.gitignore|\.ansible-lint|ansible\.cfg|pytest\.ini)(/|$)'
+dev='(^|/)(Makefile|[^/]*\.lock|requirements|inventories|lab|\.venv|\.lab|\.cache|\.hypothesis|\.pytest_cache|__pycache__|[^/]*\.pyc|\.gitignore|\.ansible-lint|ansible\.cfg|pytest\.ini|\.plugin-cache\.yaml)(/|$)'
 files=$(cd "$installed" && find . -mindepth 1 ! -type d -printf '%P\n' | LC_ALL=C sort)
 bad=$({ grep -vE "$shipped" <<<"$files"; grep -E "$dev" <<<"$files"; } | LC_ALL=C sort -u || true)
 if [ -n "$bad" ]; then
