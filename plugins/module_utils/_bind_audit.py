@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ._procs import own_netns, read_process
+from ansible_collections.multinode.vllm.plugins.module_utils._procs import own_netns, read_process
 
 DOC = "docs/security.md"
 

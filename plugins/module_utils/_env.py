@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ._fabric import FabricError, FabricSelection, parse_cidr
-from ._text import one_line_error, shown
+from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError, FabricSelection, parse_cidr
+from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error, shown
 
 # Keys whose value is specific to one node. vLLM's Ray executor copies the
 # driver's (head's) NCCL_*/UCX_* values to every worker unless the key is in

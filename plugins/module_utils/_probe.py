@@ -25,7 +25,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ._detach import ConnectionGate, LineReader, bind_replacing, listen_error, refuse, run_detached
+from ansible_collections.multinode.vllm.plugins.module_utils._detach import (
+    ConnectionGate,
+    LineReader,
+    bind_replacing,
+    listen_error,
+    refuse,
+    run_detached,
+)
 
 # Linux socket options for "do not fragment" on UDP (linux/in.h).
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ._rendezvous import parse_marked
+from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import parse_marked
 
 MARKER = "MULTINODE_PLACEMENT "
 

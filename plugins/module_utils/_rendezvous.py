@@ -17,7 +17,11 @@ import hashlib
 import json
 from typing import Any, Mapping, Optional, Sequence
 
-from ._env import CARRIED_PREFIXES, NON_CARRY_OVER_FILE, carry_over_hazards
+from ansible_collections.multinode.vllm.plugins.module_utils._env import (
+    CARRIED_PREFIXES,
+    NON_CARRY_OVER_FILE,
+    carry_over_hazards,
+)
 
 MARKER = "MULTINODE_PREFLIGHT "
 

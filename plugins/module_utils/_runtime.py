@@ -30,8 +30,8 @@ import re
 import shlex
 from typing import Any, Mapping, Optional, Sequence
 
-from ._fabric import FabricError
-from ._text import one_line_error
+from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
+from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
 
 RUNTIMES = ("process", "systemd", "docker")
 

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ._text import one_line_error
+from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
 
 BACKENDS = ("ray", "native")
 
