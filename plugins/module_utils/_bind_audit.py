@@ -22,6 +22,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._procs import own_netns, read_process
 
 DOC = "docs/security.md"
@@ -49,7 +50,7 @@ _SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|password|passwd)$", re.I
 CMDLINE_MAX = 200
 
 
-class AuditError(ValueError):
+class AuditError(MultinodeError, ValueError):
     """A bad argument (address, pattern, allow rule); the message names it."""
 
 

@@ -33,6 +33,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._detach import (
     refuse,
     run_detached,
 )
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 
 # Linux socket options for "do not fragment" on UDP (linux/in.h).
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
@@ -42,7 +43,7 @@ IPV4_UDP_OVERHEAD = 28  # 20-byte IPv4 header + 8-byte UDP header
 MAGIC = b"MNVLLM-PROBE"
 
 
-class ProbeError(Exception):
+class ProbeError(MultinodeError):
     """The probe could not run (bad parameters, port taken); the message says why."""
 
 

@@ -22,6 +22,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._env import (
     NON_CARRY_OVER_FILE,
     carry_over_hazards,
 )
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 
 MARKER = "MULTINODE_PREFLIGHT "
 
@@ -42,7 +43,7 @@ MINIMAL_BASE = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin
 RENDEZVOUS_PHASES = ("init", "verify", "bandwidth", "barrier")
 
 
-class RendezvousError(Exception):
+class RendezvousError(MultinodeError):
     """Bad input to the preflight (unreadable env file, bad parameters); the message says which and why."""
 
 

@@ -21,6 +21,8 @@ import re
 import shlex
 from typing import Mapping, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+
 # The argv prefix that reads a secret env file and runs the program with its variables exported.
 SOURCE_ARGV = ("/bin/sh", "-c", 'set -a && . "$0" && set +a && exec "$@"')
 # Credentials vLLM's Ray executor would otherwise copy to every Ray worker (VLLM_API_KEY is a registered vLLM
@@ -29,7 +31,7 @@ ALWAYS_SECRET_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class SecretError(ValueError):
+class SecretError(MultinodeError, ValueError):
     """A secret variable that cannot be written; the message names the variable, never the value."""
 
 

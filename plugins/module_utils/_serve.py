@@ -27,12 +27,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
 
 BACKENDS = ("ray", "native")
 
 
-class ServeError(Exception):
+class ServeError(MultinodeError):
     """A serve setting or state that is wrong; the message is what the user sees."""
 
 
