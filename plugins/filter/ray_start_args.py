@@ -73,7 +73,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.module_utils._env import RaySettings, ray_start_args as _build
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import RaySettings, ray_start_args as _build
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
 
 

@@ -21,7 +21,7 @@ import re
 import socket
 from typing import Any, Mapping, Optional, Sequence
 
-from ansible_collections.multinode.vllm.plugins.module_utils._env import RAY_HEAD_ONLY_PORT_FLAGS, RAY_PORT_FLAGS
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import RAY_HEAD_ONLY_PORT_FLAGS, RAY_PORT_FLAGS
 
 # roles/cluster/defaults/main.yml
 RAY_GCS_PORT = 6379

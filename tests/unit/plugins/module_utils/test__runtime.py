@@ -12,8 +12,9 @@ import subprocess
 
 import pytest
 
-from ansible_collections.multinode.vllm.plugins.module_utils._env import RaySettings, env_file, ray_start_args
+from ansible_collections.multinode.vllm.plugins.module_utils._env import env_file
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import RaySettings, ray_start_args
 from ansible_collections.multinode.vllm.plugins.module_utils._runtime import (
     HASH_ENV,
     HASH_LABEL,

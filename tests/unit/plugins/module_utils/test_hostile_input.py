@@ -30,13 +30,12 @@ from hypothesis import strategies as st
 
 from ansible_collections.multinode.vllm.plugins.module_utils._env import (
     EnvSettings,
-    RaySettings,
     env_file,
     env_file_value_error,
     node_environment,
-    ray_start_args,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError, parse_network, select_fabric
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import RaySettings, ray_start_args
 from ansible_collections.multinode.vllm.plugins.module_utils._runtime import (
     HASH_ENV,
     docker_container_params,
