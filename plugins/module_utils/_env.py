@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError, FabricSelection, parse_cidr
 from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error, shown
 
@@ -44,6 +45,10 @@ GID_SELECTIONS = ("addr_range", "index")
 BACKENDS = ("ray", "native")
 
 
+class EnvError(MultinodeError):
+    """A node environment or env file that cannot be rendered (a key, a value, a setting); the message names it."""
+
+
 @dataclass(frozen=True)
 class EnvSettings:
     """Cluster-wide settings that shape a node's environment."""
@@ -59,14 +64,14 @@ class EnvSettings:
 
 def _check_key(key: str, where: str) -> None:
     if not _ENV_KEY.match(key):
-        raise FabricError("%s: %r is not a valid environment variable name" % (where, key))
+        raise EnvError("%s: %r is not a valid environment variable name" % (where, key))
 
 
 def _check_line(variable: str, value: Any, where: str = "") -> None:
     # Values end up in the env file and argv: one line, no NUL (_text.py says why).
     error = one_line_error(variable, value)
     if error:
-        raise FabricError("%s: %s" % (where, error) if where else error)
+        raise EnvError("%s: %s" % (where, error) if where else error)
 
 
 def node_environment(
@@ -81,9 +86,9 @@ def node_environment(
     """
     host = selection.host
     if settings.backend not in BACKENDS:
-        raise FabricError("backend %r is not one of %s" % (settings.backend, ", ".join(BACKENDS)))
+        raise EnvError("backend %r is not one of %s" % (settings.backend, ", ".join(BACKENDS)))
     if settings.gid_selection not in GID_SELECTIONS:
-        raise FabricError(
+        raise EnvError(
             "gid_selection %r is not one of %s" % (settings.gid_selection, ", ".join(GID_SELECTIONS))
         )
     cidr = parse_cidr(settings.fabric_cidr, host)
@@ -124,7 +129,7 @@ def node_environment(
         _check_key(key, host)
         _check_line("node_env_extra[%s]" % key, value, host)
         if key in env:
-            raise FabricError(
+            raise EnvError(
                 "%s: extra environment sets %s, which the collection computes from the fabric (%s=%s); "
                 "use the per-host override variable if you really mean to replace it" % (host, key, key, env[key])
             )
@@ -217,6 +222,6 @@ def env_file(env: Mapping[str, str]) -> str:
         _check_line("env file value of %s" % key, value)
         error = env_file_value_error(key, value)
         if error:
-            raise FabricError(error)
+            raise EnvError(error)
         lines.append("%s=%s" % (key, value))
     return "\n".join(lines) + "\n"

@@ -10,6 +10,10 @@ raises it and names the part that refused the input:
 
 - ``_fabric.FabricError``: the fabric (interface, address, subnet, RDMA port) of a host or of the cluster;
 - ``_probe.ProbeError``: the fabric probe could not run;
+- ``_env.EnvError``: a node's environment or its env file (a key, a value, a setting);
+- ``_ray_start.RayStartError``: the ``ray start`` command line;
+- ``_runtime.RuntimeConfigError``: a process rendered for the process, systemd or docker runtime;
+- ``_firewall.FirewallError``: the firewall's input or its boot unit;
 - ``_serve.ServeError``: vLLM serve's command line, environment or readiness answer;
 - ``_manifest.ManifestError``, ``_transfer.TransferError``: model staging;
 - ``_rendezvous.RendezvousError``: the distributed preflight's input;

@@ -13,8 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
+
+
+class RayStartError(MultinodeError):
+    """A ``ray start`` setting that cannot be rendered (a port, the role, an argument); the message names it."""
+
 
 # ray start flag for each pinned port setting (Ray 2.60 `ray start --help`).
 RAY_PORT_FLAGS = {
@@ -49,9 +54,9 @@ def _port(value: Any, what: str) -> str:
     try:
         port = int(value)
     except (TypeError, ValueError):
-        raise FabricError("%s must be a TCP port number; got %r" % (what, value))
+        raise RayStartError("%s must be a TCP port number; got %r" % (what, value))
     if not 1 <= port <= 65535:
-        raise FabricError("%s must be between 1 and 65535; got %d" % (what, port))
+        raise RayStartError("%s must be between 1 and 65535; got %d" % (what, port))
     return str(port)
 
 
@@ -59,7 +64,7 @@ def _check_line(variable: str, value: Any) -> None:
     # Each argument becomes a word of a supervisor section or a systemd unit: one line, no NUL (_text.py says why).
     error = one_line_error(variable, value)
     if error:
-        raise FabricError(error)
+        raise RayStartError(error)
 
 
 def ray_start_args(
@@ -70,11 +75,11 @@ def ray_start_args(
 ) -> list[str]:
     """Arguments after ``ray`` for a head or worker, always with --node-ip-address."""
     if role not in ("head", "worker"):
-        raise FabricError("role must be 'head' or 'worker'; got %r" % (role,))
+        raise RayStartError("role must be 'head' or 'worker'; got %r" % (role,))
     args = ["start"]
     if role == "head":
         if node_ip != head_ip:
-            raise FabricError("head node_ip %s differs from head_ip %s" % (node_ip, head_ip))
+            raise RayStartError("head node_ip %s differs from head_ip %s" % (node_ip, head_ip))
         args += ["--head", "--node-ip-address", node_ip, "--port", _port(settings.gcs_port, "gcs_port")]
         if settings.include_dashboard:
             _check_line("dashboard_host", settings.dashboard_host)
@@ -93,7 +98,7 @@ def ray_start_args(
         flags.update(RAY_HEAD_ONLY_PORT_FLAGS)
     for name in sorted(settings.ports):
         if name not in RAY_PORT_FLAGS and name not in RAY_HEAD_ONLY_PORT_FLAGS:
-            raise FabricError(
+            raise RayStartError(
                 "unknown Ray port setting %r; known: %s"
                 % (name, ", ".join(sorted(list(RAY_PORT_FLAGS) + list(RAY_HEAD_ONLY_PORT_FLAGS))))
             )

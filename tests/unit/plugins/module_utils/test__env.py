@@ -10,6 +10,7 @@ import json
 import pytest
 
 from ansible_collections.multinode.vllm.plugins.module_utils._env import (
+    EnvError,
     EnvSettings,
     carry_over_hazards,
     env_file,
@@ -118,29 +119,30 @@ def test_extra_adds_and_overrides_replace(sparks):
 
 
 ENV_ERROR_CASES = [
-    # id, settings, overrides, substrings
-    ("extra-replaces-computed-key", {"extra": {"VLLM_HOST_IP": "198.18.200.99"}}, None,
+    # id, settings, overrides, error, substrings
+    ("extra-replaces-computed-key", {"extra": {"VLLM_HOST_IP": "198.18.200.99"}}, None, EnvError,
      ["spark1:", "extra environment sets VLLM_HOST_IP", "VLLM_HOST_IP=198.18.200.12", "per-host override"]),
-    ("extra-replaces-nccl-ifname", {"extra": {"NCCL_SOCKET_IFNAME": "enp1s0f1np1"}}, None,
+    ("extra-replaces-nccl-ifname", {"extra": {"NCCL_SOCKET_IFNAME": "enp1s0f1np1"}}, None, EnvError,
      ["spark1:", "NCCL_SOCKET_IFNAME=" + "=enp1s0f1np1", "per-host override"]),
-    ("extra-bad-key", {"extra": {"NCCL DEBUG": "INFO"}}, None,
+    ("extra-bad-key", {"extra": {"NCCL DEBUG": "INFO"}}, None, EnvError,
      ["spark1:", "'NCCL DEBUG' is not a valid environment variable name"]),
-    ("override-bad-key", {}, {"1NCCL": "x"}, ["spark1:", "'1NCCL' is not a valid environment variable name"]),
-    ("bad-backend", {"backend": "mpi"}, None, ["backend 'mpi'", "ray, native"]),
-    ("bad-gid-selection", {"gid_selection": "auto"}, None, ["gid_selection 'auto'", "addr_range, index"]),
-    ("bad-cidr", {"fabric_cidr": "127.0.0.0/8"}, None, ["spark1:", "127.0.0.0/8 is a loopback range"]),
+    ("override-bad-key", {}, {"1NCCL": "x"}, EnvError, ["spark1:", "'1NCCL' is not a valid environment variable name"]),
+    ("bad-backend", {"backend": "mpi"}, None, EnvError, ["backend 'mpi'", "ray, native"]),
+    ("bad-gid-selection", {"gid_selection": "auto"}, None, EnvError, ["gid_selection 'auto'", "addr_range, index"]),
+    ("bad-cidr", {"fabric_cidr": "127.0.0.0/8"}, None, FabricError, ["spark1:", "127.0.0.0/8 is a loopback range"]),
 ]
 
 
 @pytest.mark.parametrize(
-    "settings, overrides, substrings",
+    "settings, overrides, error, substrings",
     [case[1:] for case in ENV_ERROR_CASES],
     ids=[case[0] for case in ENV_ERROR_CASES],
 )
-def test_node_environment_errors(sparks, settings, overrides, substrings):
+def test_node_environment_errors(sparks, settings, overrides, error, substrings):
+    """A bad setting of the environment is an EnvError; a bad fabric (fabric_cidr) stays a FabricError."""
     kwargs = {"fabric_cidr": CIDR, "head_fabric_ip": HEAD}
     kwargs.update(settings)
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(error) as caught:
         node_environment(sparks["spark1"], EnvSettings(**kwargs), overrides=overrides)
     message = str(caught.value)
     assert all(s in message for s in substrings), message
@@ -232,7 +234,13 @@ def test_env_file_sorted_key_value():
     ids=["newline", "carriage-return", "bad-key"],
 )
 def test_env_file_refuses(env, substrings):
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(EnvError) as caught:
         env_file(env)
     assert all(s in str(caught.value) for s in substrings), str(caught.value)
 
+
+def test_a_bad_setting_is_an_env_error_not_a_fabric_error(sparks):
+    """Issue 18: FabricError is the fabric's; a setting of the environment refused is an EnvError."""
+    with pytest.raises(EnvError) as caught:
+        node_environment(sparks["spark1"], EnvSettings(fabric_cidr=CIDR, head_fabric_ip=HEAD, backend="mpi"))
+    assert not isinstance(caught.value, FabricError)

@@ -8,7 +8,11 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
-from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import RaySettings, ray_start_args
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import (
+    RaySettings,
+    RayStartError,
+    ray_start_args,
+)
 
 HEAD = "198.18.200.12"
 
@@ -82,6 +86,13 @@ RAY_ERROR_CASES = [
     ids=[case[0] for case in RAY_ERROR_CASES],
 )
 def test_ray_start_args_errors(role, node_ip, settings, substrings):
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(RayStartError) as caught:
         ray_start_args(role, node_ip, HEAD, settings)
     assert all(s in str(caught.value) for s in substrings), str(caught.value)
+
+
+def test_a_bad_setting_is_a_ray_start_error_not_a_fabric_error():
+    """Issue 18: a `ray start` setting refused is a RayStartError, not the fabric's FabricError."""
+    with pytest.raises(RayStartError) as caught:
+        ray_start_args("worker", "198.18.200.13", HEAD, RaySettings(gcs_port="redis"))
+    assert not isinstance(caught.value, FabricError)
