@@ -12,10 +12,10 @@ no I/O.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import is_env_key
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError, FabricSelection, parse_cidr
 from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error, shown
@@ -39,8 +39,6 @@ CARRIED_PREFIXES = ("VLLM_", "FLASH_ATTENTION_", "LMCACHE_", "NCCL_", "UCX_", "H
 
 NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 GID_SELECTIONS = ("addr_range", "index")
 BACKENDS = ("ray", "native")
 
@@ -63,7 +61,7 @@ class EnvSettings:
 
 
 def _check_key(key: str, where: str) -> None:
-    if not _ENV_KEY.match(key):
+    if not is_env_key(key):
         raise EnvError("%s: %r is not a valid environment variable name" % (where, key))
 
 

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import port_number, whole_number
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError, parse_cidr
 
@@ -69,14 +70,12 @@ class FirewallSpec:
 
 
 def _port(host: str, var: str, value: Any, errors: list[str]) -> Optional[int]:
-    # Jinja may hand over "22"; True is an int in Python but never a port.
-    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit())):
+    number = whole_number(value)
+    port = port_number(number)
+    if number is None:
         errors.append("%s: %s contains %r, expected a TCP port 1-65535; fix %s" % (host, var, value, var))
-        return None
-    port = int(value)
-    if not 1 <= port <= 65535:
-        errors.append("%s: %s contains %d, expected a TCP port 1-65535; fix %s" % (host, var, port, var))
-        return None
+    elif port is None:
+        errors.append("%s: %s contains %d, expected a TCP port 1-65535; fix %s" % (host, var, number, var))
     return port
 
 

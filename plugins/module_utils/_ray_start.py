@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import port_number, whole_number
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
 
@@ -51,13 +52,12 @@ class RaySettings:
 
 
 def _port(value: Any, what: str) -> str:
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
+    number = whole_number(value)
+    if number is None:
         raise RayStartError("%s must be a TCP port number; got %r" % (what, value))
-    if not 1 <= port <= 65535:
-        raise RayStartError("%s must be between 1 and 65535; got %d" % (what, port))
-    return str(port)
+    if port_number(number) is None:
+        raise RayStartError("%s must be between 1 and 65535; got %d" % (what, number))
+    return str(number)
 
 
 def _check_line(variable: str, value: Any) -> None:

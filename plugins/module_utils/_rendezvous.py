@@ -17,6 +17,7 @@ import hashlib
 import json
 from typing import Any, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import is_env_key
 from ansible_collections.multinode.vllm.plugins.module_utils._env import (
     CARRIED_PREFIXES,
     NON_CARRY_OVER_FILE,
@@ -65,7 +66,7 @@ def parse_env_file(text: str, path: str = "env file") -> dict[str, str]:
             continue
         key, sep, value = line.partition("=")
         key = key.strip()
-        if not sep or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+        if not sep or not is_env_key(key):
             raise RendezvousError("%s line %d is not KEY=VALUE: %r" % (path, number, line))
         env[key] = value
     return env

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import is_env_key, port_number
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
 
@@ -64,7 +65,7 @@ def _positive(value: Any, what: str) -> int:
 
 def _port(value: Any, what: str) -> str:
     number = _positive(value, what)
-    if number > 65535:
+    if port_number(number) is None:
         raise ServeError("%s must be between 1 and 65535; got %d" % (what, number))
     return str(number)
 
@@ -182,9 +183,6 @@ def serve_args(
     return args
 
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
 def env_prefix(env: Mapping[str, Any], variable: str = "the serve environment") -> list[str]:
     """``KEY=VALUE`` words for ``/usr/bin/env`` (serve-only settings), sorted; a None value leaves its key out.
 
@@ -193,7 +191,7 @@ def env_prefix(env: Mapping[str, Any], variable: str = "the serve environment") 
     """
     words = []
     for key in sorted(env, key=str):
-        if not _ENV_KEY.match(str(key)):
+        if not is_env_key(str(key)):
             raise ServeError(
                 "%s has the key %r, which is not a valid environment variable name: expected letters, digits and '_', "
                 "not starting with a digit (/usr/bin/env would read a key starting with '-' as an option and a "
