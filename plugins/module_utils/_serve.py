@@ -14,8 +14,8 @@
   failure table of the networking reference (signature -> cause -> fix).
 - ``first_exception``: the root-cause exception of a log (the first traceback's
   exception line: a worker's traceback comes before the engine's summary).
-- ``parse_proc_net_tcp`` / ``rendezvous_check``: native backend, did every
-  rank connect to the head's fabric address.
+- ``rendezvous_check``: native backend, did every rank connect to the head's
+  fabric address (the connections: ``_proc_net.parse_proc_net_tcp``).
 
 Pure: no Ansible imports, no I/O.
 """
@@ -515,34 +515,6 @@ def failure_message(reason: str, tails: Mapping[str, Sequence[str]], cause: Opti
 # ---------------------------------------------------------------------------
 # native backend: did each rank reach the rendezvous over the fabric?
 # ---------------------------------------------------------------------------
-
-_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "0A": "LISTEN"}
-
-
-def _hex_ip(value: str) -> str:
-    # /proc/net/tcp: little-endian IPv4 hex.
-    raw = bytes.fromhex(value)
-    return ".".join(str(b) for b in reversed(raw))
-
-
-def parse_proc_net_tcp(text: str) -> list[dict[str, Any]]:
-    """IPv4 sockets of /proc/net/tcp: local/remote address and port, state name, inode."""
-    conns = []
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10 or ":" not in fields[1]:
-            continue
-        local, remote, state = fields[1], fields[2], fields[3]
-        lip, lport = local.split(":")
-        rip, rport = remote.split(":")
-        if len(lip) != 8:
-            continue
-        conns.append({
-            "local": _hex_ip(lip), "local_port": int(lport, 16),
-            "remote": _hex_ip(rip), "remote_port": int(rport, 16),
-            "state": _TCP_STATES.get(state.upper(), state.upper()), "inode": fields[9],
-        })
-    return conns
 
 
 def rendezvous_check(host: str, rank: int, conns: Sequence[Mapping[str, Any]], own_fabric_ip: str,

@@ -27,7 +27,6 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve import (
     likely_cause,
     meaningful_line,
     models_list,
-    parse_proc_net_tcp,
     rendezvous_check,
     serve_args,
     tokens_per_second,
@@ -333,22 +332,6 @@ def test_failure_message_lists_reason_cause_and_every_tail():
 
 
 # --- native rendezvous over the fabric ------------------------------------------------
-
-PROC_NET_TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0DC812C6:A1B2 0CC812C6:7530 01 00000000:00000000 00:00000000 00000000     0        0 111 1 0
-   1: 0DC812C6:A1B3 0CC812C6:1F90 01 00000000:00000000 00:00000000 00000000     0        0 112 1 0
-   2: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 113 1 0
-   3: 0A0213C6:0016 010213C6:C350 01 00000000:00000000 00:00000000 00000000     0        0 114 1 0
-"""
-
-
-def test_parse_proc_net_tcp():
-    conns = parse_proc_net_tcp(PROC_NET_TCP)
-    assert conns[0] == {"local": "198.18.200.13", "local_port": 0xA1B2, "remote": "198.18.200.12",
-                        "remote_port": 30000, "state": "ESTABLISHED", "inode": "111"}
-    assert conns[2]["state"] == "LISTEN" and conns[2]["local"] == "0.0.0.0"
-    assert conns[3]["local"] == "198.19.2.10" and conns[3]["local_port"] == 22
-
 
 def _c(local, remote, rport=29500, state="ESTABLISHED"):
     return {"local": local, "local_port": 40000, "remote": remote, "remote_port": rport, "state": state, "inode": "1"}
