@@ -3,8 +3,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Distributed preflight: read the rank outputs and say what is wrong, on which pair, with which value.
 
-Pure: no Ansible imports, no I/O. The rank process itself is
-``_rendezvous_rank.py`` (sent to the node's runtime interpreter); this module
+Pure: no Ansible imports, no I/O. The rank process itself is the node script
+``_node_rendezvous_rank.py`` (run by the node's runtime interpreter); this module
 parses what it printed (``parse_rank_output``), turns one rank's result into
 messages (``rank_problems``), the results of every rank into the cluster's
 messages (``cluster_problems``), and checks the environment carry-over
@@ -24,15 +24,14 @@ from ansible_collections.multinode.vllm.plugins.module_utils._env import (
     carry_over_hazards,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
-
-MARKER = "MULTINODE_PREFLIGHT "
+from ansible_collections.multinode.vllm.plugins.module_utils._node_rendezvous_rank import MARKER
 
 # Keys of the node environment the module returns to the controller: what the
 # cluster checks need, never the rest (the env file may hold tokens).
 RETURNED_KEYS = ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "VLLM_CONFIG_ROOT")
 RETURNED_PREFIXES = ("NCCL_", "UCX_")
 
-# Phases of a rank, in order (see _rendezvous_rank.Rank.run).
+# Phases of a rank, in order (see _node_rendezvous_rank.Rank.run).
 PHASES = ("start", "interfaces", "import", "get_ip", "init", "verify", "bandwidth", "barrier", "done")
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -372,18 +371,6 @@ def bandwidth_line(bandwidth: Optional[Mapping[str, Any]]) -> str:
 # only shape the measurement, so a pass under other values still proves the rendezvous.
 FINGERPRINT_PARAMS = ("rank", "world_size", "head_fabric_ip", "fabric_ip", "fabric_interface", "port", "interpreter",
                       "base_env", "backend", "local_rank", "check_get_ip")
-
-# Asked of the runtime's interpreter: the versions the rank would import (cheap: no import of torch or vLLM).
-VERSIONS_SCRIPT = (
-    "import json, importlib.metadata as m\n"
-    "out = {}\n"
-    "for name in ('torch', 'vllm', 'ray'):\n"
-    "    try:\n"
-    "        out[name] = m.version(name)\n"
-    "    except Exception:\n"
-    "        out[name] = None\n"
-    "print(json.dumps(out))\n"
-)
 
 
 def node_fingerprint(params: Mapping[str, Any], env_text: str, non_carry_over_text: Optional[str],
