@@ -25,14 +25,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ansible_collections.multinode.vllm.plugins.module_utils._detach import (
-    ConnectionGate,
-    LineReader,
-    bind_replacing,
-    listen_error,
-    refuse,
-    run_detached,
-)
+from ansible_collections.multinode.vllm.plugins.module_utils._detach import ConnectionGate, LineReader, bind_replacing
+from ansible_collections.multinode.vllm.plugins.module_utils._detach import listen_error, refuse, run_detached
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 
 # Linux socket options for "do not fragment" on UDP (linux/in.h).
