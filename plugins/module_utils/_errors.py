@@ -17,8 +17,9 @@ raises it and names the part that refused the input:
 - ``_serve.ServeError``: vLLM serve's command line, environment or readiness answer;
 - ``_manifest.ManifestError``, ``_transfer.TransferError``: model staging;
 - ``_rendezvous.RendezvousError``: the distributed preflight's input;
-- ``_bind_audit.AuditError``, ``_secrets.SecretError``, ``_detach.LineTooLong``: also ``ValueError``s, as they
-  were (``model_transfer`` catches a peer's over-long line among its ``ValueError``s).
+- ``_cluster.ClusterError``: the cluster's identity (head, groups, Ray address);
+- ``_bind_audit.AuditError``, ``_secrets.SecretError``, ``_detach.LineTooLong``, ``_cluster.ClusterError``: also
+  ``ValueError``s, as they were (``model_transfer`` catches a peer's over-long line among its ``ValueError``s).
 
 Callers catch the subclass they expect; ``MultinodeError`` catches any of them.
 """

@@ -32,5 +32,5 @@ def test_every_error_derives_from_the_one_base():
 
 def test_errors_caught_as_value_errors_stay_value_errors():
     found = _defined_exceptions()
-    for name in ("_bind_audit.AuditError", "_secrets.SecretError", "_detach.LineTooLong"):
+    for name in ("_bind_audit.AuditError", "_secrets.SecretError", "_detach.LineTooLong", "_cluster.ClusterError"):
         assert issubclass(found[name], ValueError) and issubclass(found[name], MultinodeError), name
