@@ -19,13 +19,15 @@ import urllib.request
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.multinode.vllm.plugins.module_utils._serve import (
-    ServeError,
-    completion_result,
+from ansible_collections.multinode.vllm.plugins.module_utils._serve import ServeError
+from ansible_collections.multinode.vllm.plugins.module_utils._serve_failure import (
     failure_message,
     fatal_line,
-    health_ok,
     likely_cause,
+)
+from ansible_collections.multinode.vllm.plugins.module_utils._serve_ready import (
+    completion_result,
+    health_ok,
     models_list,
     tokens_per_second,
 )

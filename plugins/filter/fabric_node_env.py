@@ -69,7 +69,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.module_utils._env import EnvSettings, node_environment
+from ansible_collections.multinode.vllm.plugins.module_utils._env import EnvError, EnvSettings, node_environment
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError, FabricSelection
 
 
@@ -86,7 +86,7 @@ def fabric_node_env(fabric, fabric_cidr, head_fabric_ip, backend="ray", master_p
             extra=dict(extra or {}),
         )
         return node_environment(FabricSelection.from_dict(fabric), settings, overrides=dict(overrides or {}))
-    except FabricError as exc:
+    except (EnvError, FabricError) as exc:
         raise AnsibleFilterError(str(exc))
 
 

@@ -37,14 +37,13 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
-from ansible_collections.multinode.vllm.plugins.module_utils._firewall import boot_unit
+from ansible_collections.multinode.vllm.plugins.module_utils._firewall import FirewallError, boot_unit
 
 
 def firewall_boot_unit(ruleset_path, nft_path="/usr/sbin/nft"):
     try:
         return boot_unit(str(ruleset_path), str(nft_path))
-    except FabricError as exc:
+    except FirewallError as exc:
         raise AnsibleFilterError(str(exc))
 
 

@@ -37,14 +37,18 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
-from ansible_collections.multinode.vllm.plugins.module_utils._firewall import build_spec, render_ruleset, spec_data
+from ansible_collections.multinode.vllm.plugins.module_utils._firewall import (
+    FirewallError,
+    build_spec,
+    render_ruleset,
+    spec_data,
+)
 
 
 def firewall_ruleset(spec, hostvars):
     try:
         return render_ruleset(build_spec(spec_data(spec, hostvars)))
-    except FabricError as exc:
+    except FirewallError as exc:
         raise AnsibleFilterError(str(exc))
 
 

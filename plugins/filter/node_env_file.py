@@ -34,14 +34,13 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.module_utils._env import env_file
-from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
+from ansible_collections.multinode.vllm.plugins.module_utils._env import EnvError, env_file
 
 
 def node_env_file(env):
     try:
         return env_file({str(k): str(v) for k, v in dict(env).items()})
-    except FabricError as exc:
+    except EnvError as exc:
         raise AnsibleFilterError(str(exc))
 
 

@@ -108,8 +108,7 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
-from ansible_collections.multinode.vllm.plugins.module_utils._runtime import render
+from ansible_collections.multinode.vllm.plugins.module_utils._runtime import RuntimeConfigError, render
 
 
 def node_runtime(env, runtime, name, program, args, env_file, python="", launcher="", log_dir="/var/log/multinode-vllm",
@@ -123,7 +122,7 @@ def node_runtime(env, runtime, name, program, args, env_file, python="", launche
             run_dir=str(run_dir), include_dir=str(include_dir), image=str(image or ""), model_dir=model_dir, shm_size=str(shm_size), gpus=str(gpus), role=role,
             restart_on=dict(restart_on) if restart_on else None, image_var=str(image_var or ""),
         )
-    except FabricError as exc:
+    except RuntimeConfigError as exc:
         raise AnsibleFilterError(str(exc))
 
 

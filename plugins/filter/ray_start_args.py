@@ -73,8 +73,11 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.module_utils._env import RaySettings, ray_start_args as _build
-from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import (
+    RaySettings,
+    RayStartError,
+    ray_start_args as _build,
+)
 
 
 def ray_start_args(node_ip, role, head_ip, gcs_port=6379, ports=None, include_dashboard=False,
@@ -91,7 +94,7 @@ def ray_start_args(node_ip, role, head_ip, gcs_port=6379, ports=None, include_da
             extra_args=tuple(extra_args or ()),
         )
         return _build(str(role), str(node_ip), str(head_ip), settings)
-    except FabricError as exc:
+    except RayStartError as exc:
         raise AnsibleFilterError(str(exc))
 
 

@@ -50,7 +50,7 @@ _value:
 
 from collections.abc import Mapping
 
-from ansible_collections.multinode.vllm.plugins.module_utils._serve import failure_message, likely_cause
+from ansible_collections.multinode.vllm.plugins.module_utils._serve_failure import failure_message, likely_cause
 
 
 def _labelled(tails):

@@ -47,7 +47,7 @@ _value:
   elements: str
 """
 
-from ansible_collections.multinode.vllm.plugins.module_utils._serve import rendezvous_check
+from ansible_collections.multinode.vllm.plugins.module_utils._serve_ready import rendezvous_check
 
 
 def vllm_rendezvous_errors(ranks, head_fabric_ip, head_mgmt_ip="", expected_hosts=()):

@@ -5,7 +5,7 @@
 
 Cluster control traffic (Ray, torch.distributed, vLLM internals) must listen
 only on the node's fabric address or loopback. The sockets come from
-/proc/self/net/{tcp,tcp6,udp,udp6}, i.e. the caller's network namespace; the
+/proc/self/net/{tcp,tcp6,udp,udp6} (read by ``_proc_net``), i.e. the caller's network namespace; the
 owners from /proc/<pid>/fd of the processes in that same network namespace
 (the lab's nodes share one PID namespace, see _procs.py).
 
@@ -17,18 +17,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import socket
-import struct
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ._procs import own_netns, read_process
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._proc_net import TCP_LISTEN, UDP_UNCONNECTED, net_sockets
+from ansible_collections.multinode.vllm.plugins.module_utils._procs import own_netns, read_process
 
 DOC = "docs/security.md"
-
-# /proc/net/tcp* "st" column: TCP_LISTEN. An unconnected UDP socket is TCP_CLOSE (07).
-_TCP_LISTEN = "0A"
-_UDP_UNCONNECTED = "07"
 
 # Searched (re.search) in the process name and in its command line joined by spaces.
 DEFAULT_PATTERNS = (
@@ -49,7 +45,7 @@ _SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|password|passwd)$", re.I
 CMDLINE_MAX = 200
 
 
-class AuditError(ValueError):
+class AuditError(MultinodeError, ValueError):
     """A bad argument (address, pattern, allow rule); the message names it."""
 
 
@@ -61,32 +57,12 @@ class Socket:
     inode: int
 
 
-def decode_address(text: str) -> str:
-    """``0100007F`` or 32 hex digits (four host-order 32-bit words, as the kernel prints them) -> address."""
-    if len(text) == 8:
-        raw = struct.pack("=I", int(text, 16))
-        return socket.inet_ntop(socket.AF_INET, raw)
-    if len(text) == 32:
-        raw = b"".join(struct.pack("=I", int(text[i:i + 8], 16)) for i in range(0, 32, 8))
-        addr = ipaddress.IPv6Address(raw)
-        return str(addr.ipv4_mapped) if addr.ipv4_mapped is not None else str(addr)
-    raise ValueError("not a /proc/net address: %r" % text)
-
-
 def parse_net(text: str, proto: str) -> list[Socket]:
     """Listening (TCP) or bound-and-unconnected (UDP) sockets in the text of /proc/net/<proto>."""
-    wanted = _TCP_LISTEN if proto.startswith("tcp") else _UDP_UNCONNECTED
-    found = []
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10 or fields[3] != wanted:
-            continue
-        local, _sep, port = fields[1].partition(":")
-        # A connected UDP socket is ESTABLISHED (01); an unconnected one never bound has port 0.
-        if int(port, 16) == 0:
-            continue
-        found.append(Socket(proto=proto, address=decode_address(local), port=int(port, 16), inode=int(fields[9])))
-    return found
+    wanted = TCP_LISTEN if proto.startswith("tcp") else UDP_UNCONNECTED
+    # A connected UDP socket is ESTABLISHED (01); an unconnected one never bound has port 0.
+    return [Socket(proto=proto, address=row.local, port=row.local_port, inode=row.inode)
+            for row in net_sockets(text) if row.state == wanted and row.local_port != 0]
 
 
 def read_sockets(include_udp: bool = False, proc_root: str = "/proc") -> list[Socket]:

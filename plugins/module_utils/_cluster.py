@@ -13,18 +13,22 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import port_number
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+
 BACKENDS = ("ray", "native")
 RUNTIMES = ("docker", "systemd", "process")
 
 
-class ClusterError(ValueError):
+class ClusterError(MultinodeError, ValueError):
     """The inventory or the fabric facts cannot give the cluster an identity; the message names the fix."""
 
 
 def _port(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not str(value).strip().isdigit() or not 1 <= int(str(value).strip()) <= 65535:
+    port = port_number(value)
+    if port is None:
         raise ClusterError("%s = %r: expected a TCP port (1-65535); set it to one in the inventory" % (what, value))
-    return int(str(value).strip())
+    return port
 
 
 def identity(hostvars: Mapping[str, Mapping[str, Any]], host: str, head_hosts: Sequence[str],

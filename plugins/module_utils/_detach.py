@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Callable, Iterable, Optional, Sequence, TypeVar
 
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+
 T = TypeVar("T")
 
 
@@ -92,7 +94,7 @@ def run_detached(work: Callable[[], None], handed_over: Sequence[socket.socket])
     return int(pid_text) if pid_text.isdigit() else 0
 
 
-class LineTooLong(ValueError):
+class LineTooLong(MultinodeError, ValueError):
     """A peer sent more than the bound without a newline."""
 
 

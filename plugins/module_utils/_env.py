@@ -1,22 +1,24 @@
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""One source of truth for a node's environment and command lines.
+"""One source of truth for a node's environment: its cluster variables, vLLM's non-carry-over list, the env file.
 
 Every runtime (docker, systemd, the lab's process runtime) renders what these
-functions return, so what the lab proves is what a container gets. Pure: no
-Ansible imports, no I/O.
+functions return, so what the lab proves is what a container gets. The
+``ray start`` command line is ``_ray_start.py``'s. Pure: no Ansible imports,
+no I/O.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from ._fabric import FabricError, FabricSelection, parse_cidr
-from ._text import one_line_error, shown
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import is_env_key
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError, FabricSelection, parse_cidr
+from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error, shown
 
 # Keys whose value is specific to one node. vLLM's Ray executor copies the
 # driver's (head's) NCCL_*/UCX_* values to every worker unless the key is in
@@ -37,10 +39,12 @@ CARRIED_PREFIXES = ("VLLM_", "FLASH_ATTENTION_", "LMCACHE_", "NCCL_", "UCX_", "H
 
 NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 GID_SELECTIONS = ("addr_range", "index")
 BACKENDS = ("ray", "native")
+
+
+class EnvError(MultinodeError):
+    """A node environment or env file that cannot be rendered (a key, a value, a setting); the message names it."""
 
 
 @dataclass(frozen=True)
@@ -57,15 +61,15 @@ class EnvSettings:
 
 
 def _check_key(key: str, where: str) -> None:
-    if not _ENV_KEY.match(key):
-        raise FabricError("%s: %r is not a valid environment variable name" % (where, key))
+    if not is_env_key(key):
+        raise EnvError("%s: %r is not a valid environment variable name" % (where, key))
 
 
 def _check_line(variable: str, value: Any, where: str = "") -> None:
     # Values end up in the env file and argv: one line, no NUL (_text.py says why).
     error = one_line_error(variable, value)
     if error:
-        raise FabricError("%s: %s" % (where, error) if where else error)
+        raise EnvError("%s: %s" % (where, error) if where else error)
 
 
 def node_environment(
@@ -80,9 +84,9 @@ def node_environment(
     """
     host = selection.host
     if settings.backend not in BACKENDS:
-        raise FabricError("backend %r is not one of %s" % (settings.backend, ", ".join(BACKENDS)))
+        raise EnvError("backend %r is not one of %s" % (settings.backend, ", ".join(BACKENDS)))
     if settings.gid_selection not in GID_SELECTIONS:
-        raise FabricError(
+        raise EnvError(
             "gid_selection %r is not one of %s" % (settings.gid_selection, ", ".join(GID_SELECTIONS))
         )
     cidr = parse_cidr(settings.fabric_cidr, host)
@@ -123,7 +127,7 @@ def node_environment(
         _check_key(key, host)
         _check_line("node_env_extra[%s]" % key, value, host)
         if key in env:
-            raise FabricError(
+            raise EnvError(
                 "%s: extra environment sets %s, which the collection computes from the fabric (%s=%s); "
                 "use the per-host override variable if you really mean to replace it" % (host, key, key, env[key])
             )
@@ -216,98 +220,6 @@ def env_file(env: Mapping[str, str]) -> str:
         _check_line("env file value of %s" % key, value)
         error = env_file_value_error(key, value)
         if error:
-            raise FabricError(error)
+            raise EnvError(error)
         lines.append("%s=%s" % (key, value))
     return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------
-# ray start
-# ---------------------------------------------------------------------------
-
-# ray start flag for each pinned port setting (Ray 2.60 `ray start --help`).
-RAY_PORT_FLAGS = {
-    "node_manager_port": "--node-manager-port",
-    "object_manager_port": "--object-manager-port",
-    "runtime_env_agent_port": "--runtime-env-agent-port",
-    "dashboard_agent_grpc_port": "--dashboard-agent-grpc-port",
-    "dashboard_agent_listen_port": "--dashboard-agent-listen-port",
-    "metrics_export_port": "--metrics-export-port",
-    "min_worker_port": "--min-worker-port",
-    "max_worker_port": "--max-worker-port",
-}
-RAY_HEAD_ONLY_PORT_FLAGS = {
-    "ray_client_server_port": "--ray-client-server-port",
-    "dashboard_port": "--dashboard-port",
-}
-
-
-@dataclass(frozen=True)
-class RaySettings:
-    gcs_port: int = 6379
-    ports: Mapping[str, int] = field(default_factory=dict)
-    include_dashboard: bool = False
-    dashboard_host: str = "127.0.0.1"
-    num_gpus: Optional[int] = None
-    num_cpus: Optional[int] = None
-    block: bool = True
-    extra_args: Sequence[str] = ()
-
-
-def _port(value: Any, what: str) -> str:
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        raise FabricError("%s must be a TCP port number; got %r" % (what, value))
-    if not 1 <= port <= 65535:
-        raise FabricError("%s must be between 1 and 65535; got %d" % (what, port))
-    return str(port)
-
-
-def ray_start_args(
-    role: str,
-    node_ip: str,
-    head_ip: str,
-    settings: RaySettings,
-) -> list[str]:
-    """Arguments after ``ray`` for a head or worker, always with --node-ip-address."""
-    if role not in ("head", "worker"):
-        raise FabricError("role must be 'head' or 'worker'; got %r" % (role,))
-    args = ["start"]
-    if role == "head":
-        if node_ip != head_ip:
-            raise FabricError("head node_ip %s differs from head_ip %s" % (node_ip, head_ip))
-        args += ["--head", "--node-ip-address", node_ip, "--port", _port(settings.gcs_port, "gcs_port")]
-        if settings.include_dashboard:
-            _check_line("dashboard_host", settings.dashboard_host)
-            args += ["--include-dashboard=true", "--dashboard-host", settings.dashboard_host]
-        else:
-            args += ["--include-dashboard=false"]
-    else:
-        args += [
-            "--address",
-            "%s:%s" % (head_ip, _port(settings.gcs_port, "gcs_port")),
-            "--node-ip-address",
-            node_ip,
-        ]
-    flags = dict(RAY_PORT_FLAGS)
-    if role == "head":
-        flags.update(RAY_HEAD_ONLY_PORT_FLAGS)
-    for name in sorted(settings.ports):
-        if name not in RAY_PORT_FLAGS and name not in RAY_HEAD_ONLY_PORT_FLAGS:
-            raise FabricError(
-                "unknown Ray port setting %r; known: %s"
-                % (name, ", ".join(sorted(list(RAY_PORT_FLAGS) + list(RAY_HEAD_ONLY_PORT_FLAGS))))
-            )
-        if name in flags and settings.ports[name] is not None:
-            args += [flags[name], _port(settings.ports[name], name)]
-    if settings.num_gpus is not None:
-        args += ["--num-gpus", str(int(settings.num_gpus))]
-    if settings.num_cpus is not None:
-        args += ["--num-cpus", str(int(settings.num_cpus))]
-    for index, arg in enumerate(settings.extra_args):
-        _check_line("ray_extra_args[%d]" % index, arg)
-    args += [str(a) for a in settings.extra_args]
-    if settings.block:
-        args.append("--block")
-    return args

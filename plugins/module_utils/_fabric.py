@@ -17,8 +17,10 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 
-class FabricError(Exception):
+
+class FabricError(MultinodeError):
     """Bad input or host state; the message names host, value and fix."""
 
 

@@ -21,7 +21,8 @@ import re
 import socket
 from typing import Any, Mapping, Optional, Sequence
 
-from ansible_collections.multinode.vllm.plugins.module_utils._env import RAY_HEAD_ONLY_PORT_FLAGS, RAY_PORT_FLAGS
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import port_number
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import RAY_HEAD_ONLY_PORT_FLAGS, RAY_PORT_FLAGS
 
 # roles/cluster/defaults/main.yml
 RAY_GCS_PORT = 6379
@@ -53,17 +54,6 @@ VARIABLES = (
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}\.?$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
-
-
-def _port(value: Any) -> Optional[int]:
-    """A TCP port from an int or a digit string (Jinja hands over "8000"); None when it is not one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if isinstance(value, int) and 1 <= value <= 65535:
-        return value
-    return None
 
 
 def _true(value: Any) -> bool:
@@ -110,7 +100,7 @@ def _ray_ports(host: str, hv: Mapping[str, Any], is_head: bool,
     for name, (label, value) in sorted(ports.items()):
         if value is None:
             continue  # not pinned: Ray chooses (ray_start_args passes no flag)
-        port = _port(value)
+        port = port_number(value)
         if port is None:
             errors.append("%s: %s = %r: expected a TCP port 1-65535; fix %s" % (host, label, value, label.split(".")[0]))
             continue
@@ -139,7 +129,7 @@ def _ray_ports(host: str, hv: Mapping[str, Any], is_head: bool,
     listening: dict[str, int] = {}
     if is_head:
         gcs = hv.get("ray_gcs_port", RAY_GCS_PORT)
-        port = _port(gcs)
+        port = port_number(gcs)
         if port is None:
             errors.append("%s: ray_gcs_port = %r: expected a TCP port 1-65535; fix ray_gcs_port" % (host, gcs))
         else:
@@ -198,7 +188,7 @@ def check_host(host: str, hv: Mapping[str, Any], is_head: bool) -> list[str]:
 
     if is_head:
         raw = hv.get("vllm_api_port", VLLM_API_PORT)
-        api_port = _port(raw)
+        api_port = port_number(raw)
         if api_port is None:
             errors.append("%s: vllm_api_port = %r: expected a TCP port 1-65535; fix vllm_api_port" % (host, raw))
         elif backend == "ray":

@@ -25,12 +25,14 @@ import os
 import stat
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+
 PARTIAL_SUFFIX = ".partial"
 MANIFEST_VERSION = 1
 HASH_CHUNK = 4 * 1024 * 1024
 
 
-class ManifestError(Exception):
+class ManifestError(MultinodeError):
     """The manifest cannot be built or used; the message says what, where, and what to do."""
 
 

@@ -25,7 +25,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ._detach import ConnectionGate, LineReader, bind_replacing, listen_error, refuse, run_detached
+from ansible_collections.multinode.vllm.plugins.module_utils._detach import ConnectionGate, LineReader, bind_replacing
+from ansible_collections.multinode.vllm.plugins.module_utils._detach import listen_error, refuse, run_detached
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 
 # Linux socket options for "do not fragment" on UDP (linux/in.h).
 IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
@@ -35,7 +37,7 @@ IPV4_UDP_OVERHEAD = 28  # 20-byte IPv4 header + 8-byte UDP header
 MAGIC = b"MNVLLM-PROBE"
 
 
-class ProbeError(Exception):
+class ProbeError(MultinodeError):
     """The probe could not run (bad parameters, port taken); the message says why."""
 
 

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ._runtime import HASH_ENV
+from ansible_collections.multinode.vllm.plugins.module_utils._runtime import HASH_ENV
 
 # Names Ray gives its native processes and worker processes.
 _RAY_NAMES = ("raylet", "gcs_server")

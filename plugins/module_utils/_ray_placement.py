@@ -3,66 +3,16 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Ray-placed check: one task per node, placed as vLLM's placement group places its workers.
 
-``SCRIPT`` is source text run as a Ray driver under the head's env file (``<python> -c SCRIPT <json config>``):
-it connects to the cluster, places one zero-CPU task on each fabric address through the ``node:<ip>`` resource
-(vLLM's ``_get_ray_placement_group`` pins bundles the same way), and in that Ray worker, with exactly the
-environment vLLM's workers get from the raylet, records Ray's node address, ``VLLM_HOST_IP`` and vLLM's own
-``get_ip()``. ``placement_problems`` (pure) turns the results into messages.
+The node script ``_node_ray_placement.py`` (a Ray driver run under the head's env file) places the tasks and prints
+what each saw; ``parse_output`` reads that, ``placement_problems`` (pure) turns it into messages.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ._rendezvous import parse_marked
-
-MARKER = "MULTINODE_PLACEMENT "
-
-SCRIPT = r"""
-import json, os, sys, time
-cfg = json.loads(sys.argv[1])
-out = {"error": None, "nodes": {}}
-def emit():
-    print("MULTINODE_PLACEMENT " + json.dumps(out), flush=True)
-try:
-    import ray
-    ray.init(address=cfg["address"], logging_level="ERROR", log_to_driver=False)
-except Exception as exc:
-    out["error"] = "cannot connect a Ray driver to %s: %s: %s" % (cfg["address"], type(exc).__name__, exc)
-    emit()
-    sys.exit(0)
-
-@ray.remote(num_cpus=0)
-def probe():
-    import os
-    import ray as worker_ray
-    seen = {"ray_node_ip": worker_ray.util.get_node_ip_address(), "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP"),
-            "pid": os.getpid(), "get_ip": None, "get_ip_source": None, "get_ip_error": None}
-    for name in ("vllm.utils.network_utils", "vllm.utils"):
-        try:
-            module = __import__(name, fromlist=["get_ip"])
-            seen["get_ip"] = str(module.get_ip())
-            seen["get_ip_source"] = name + ".get_ip"
-            seen["get_ip_error"] = None
-            break
-        except Exception as exc:
-            seen["get_ip_error"] = "%s: %s" % (type(exc).__name__, exc)
-    return seen
-
-refs = {ip: probe.options(resources={"node:" + ip: 0.001}).remote() for ip in cfg["fabric_ips"]}
-deadline = cfg["deadline"]
-ready, _pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=max(1.0, deadline - time.time()))
-for ip, ref in refs.items():
-    if ref in ready:
-        try:
-            out["nodes"][ip] = ray.get(ref)
-        except Exception as exc:
-            out["nodes"][ip] = {"error": "%s: %s" % (type(exc).__name__, exc)}
-    else:
-        out["nodes"][ip] = {"error": "not placed"}
-emit()
-os._exit(0)
-"""
+from ansible_collections.multinode.vllm.plugins.module_utils._node_ray_placement import MARKER
+from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import parse_marked
 
 
 def parse_output(stdout: str) -> Optional[dict[str, Any]]:

@@ -17,7 +17,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from ._fabric import parse_cidr
+from ansible_collections.multinode.vllm.plugins.module_utils._fabric import parse_cidr
 
 FIX = "run playbooks/deploy.yml"
 

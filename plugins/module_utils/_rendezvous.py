@@ -3,8 +3,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Distributed preflight: read the rank outputs and say what is wrong, on which pair, with which value.
 
-Pure: no Ansible imports, no I/O. The rank process itself is
-``_rendezvous_rank.py`` (sent to the node's runtime interpreter); this module
+Pure: no Ansible imports, no I/O. The rank process itself is the node script
+``_node_rendezvous_rank.py`` (run by the node's runtime interpreter); this module
 parses what it printed (``parse_rank_output``), turns one rank's result into
 messages (``rank_problems``), the results of every rank into the cluster's
 messages (``cluster_problems``), and checks the environment carry-over
@@ -17,16 +17,21 @@ import hashlib
 import json
 from typing import Any, Mapping, Optional, Sequence
 
-from ._env import CARRIED_PREFIXES, NON_CARRY_OVER_FILE, carry_over_hazards
-
-MARKER = "MULTINODE_PREFLIGHT "
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import is_env_key
+from ansible_collections.multinode.vllm.plugins.module_utils._env import (
+    CARRIED_PREFIXES,
+    NON_CARRY_OVER_FILE,
+    carry_over_hazards,
+)
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._node_rendezvous_rank import MARKER
 
 # Keys of the node environment the module returns to the controller: what the
 # cluster checks need, never the rest (the env file may hold tokens).
 RETURNED_KEYS = ("VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "VLLM_CONFIG_ROOT")
 RETURNED_PREFIXES = ("NCCL_", "UCX_")
 
-# Phases of a rank, in order (see _rendezvous_rank.Rank.run).
+# Phases of a rank, in order (see _node_rendezvous_rank.Rank.run).
 PHASES = ("start", "interfaces", "import", "get_ip", "init", "verify", "bandwidth", "barrier", "done")
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -38,7 +43,7 @@ MINIMAL_BASE = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin
 RENDEZVOUS_PHASES = ("init", "verify", "bandwidth", "barrier")
 
 
-class RendezvousError(Exception):
+class RendezvousError(MultinodeError):
     """Bad input to the preflight (unreadable env file, bad parameters); the message says which and why."""
 
 
@@ -60,7 +65,7 @@ def parse_env_file(text: str, path: str = "env file") -> dict[str, str]:
             continue
         key, sep, value = line.partition("=")
         key = key.strip()
-        if not sep or not key or not key.replace("_", "a").isalnum() or key[0].isdigit():
+        if not sep or not is_env_key(key):
             raise RendezvousError("%s line %d is not KEY=VALUE: %r" % (path, number, line))
         env[key] = value
     return env
@@ -366,18 +371,6 @@ def bandwidth_line(bandwidth: Optional[Mapping[str, Any]]) -> str:
 # only shape the measurement, so a pass under other values still proves the rendezvous.
 FINGERPRINT_PARAMS = ("rank", "world_size", "head_fabric_ip", "fabric_ip", "fabric_interface", "port", "interpreter",
                       "base_env", "backend", "local_rank", "check_get_ip")
-
-# Asked of the runtime's interpreter: the versions the rank would import (cheap: no import of torch or vLLM).
-VERSIONS_SCRIPT = (
-    "import json, importlib.metadata as m\n"
-    "out = {}\n"
-    "for name in ('torch', 'vllm', 'ray'):\n"
-    "    try:\n"
-    "        out[name] = m.version(name)\n"
-    "    except Exception:\n"
-    "        out[name] = None\n"
-    "print(json.dumps(out))\n"
-)
 
 
 def node_fingerprint(params: Mapping[str, Any], env_text: str, non_carry_over_text: Optional[str],

@@ -3,9 +3,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Distributed preflight: run one rank on this node (the module's I/O side).
 
-``run_rank`` starts the node's runtime interpreter on ``_rendezvous_rank``'s
-source in a new session, waits for it until the deadline plus a grace period,
-and kills the rank's whole process group when it overruns (hence
+``run_rank`` starts the node's runtime interpreter on the node script
+``_node_rendezvous_rank`` (``_scripts.script_argv``) in a new session, waits
+for it until the deadline plus a grace period, and kills the rank's whole
+process group when it overruns (hence
 ``subprocess.Popen`` with ``start_new_session``: ``run_command`` cannot kill a
 process group at a deadline). ``default_non_carry_over_file`` is where vLLM
 reads ``ray_non_carry_over_env_vars.json`` under the node's environment.
@@ -13,7 +14,6 @@ reads ``ray_non_carry_over_env_vars.json`` under the node's environment.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import signal
@@ -21,9 +21,10 @@ import subprocess
 import time
 from typing import Mapping
 
-from ansible_collections.multinode.vllm.plugins.module_utils import _rendezvous_rank
+from ansible_collections.multinode.vllm.plugins.module_utils import _node_rendezvous_rank
 from ansible_collections.multinode.vllm.plugins.module_utils._env import NON_CARRY_OVER_FILE
 from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import RendezvousError, parse_rank_output
+from ansible_collections.multinode.vllm.plugins.module_utils._scripts import script_argv
 
 # Time the module gives the rank after the deadline to print its last line and exit.
 GRACE = 3.0
@@ -57,8 +58,7 @@ def run_rank(params: dict, env: dict[str, str]) -> dict:
         "warmup": 1,
         "check_get_ip": params["check_get_ip"],
     }
-    script = inspect.getsource(_rendezvous_rank)
-    argv = list(params["interpreter"]) + ["-c", script, json.dumps(config)]
+    argv = script_argv(params["interpreter"], _node_rendezvous_rank, json.dumps(config))
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -30,8 +30,8 @@ import re
 import shlex
 from typing import Any, Mapping, Optional, Sequence
 
-from ._fabric import FabricError
-from ._text import one_line_error
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
 
 RUNTIMES = ("process", "systemd", "docker")
 
@@ -43,9 +43,14 @@ HASH_LABEL = "multinode.vllm.config-hash"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+class RuntimeConfigError(MultinodeError):
+    """A process that cannot be rendered for its runtime (a name, a path, a word, the image); the message names it."""
+
+
 def _check_name(name: str, what: str) -> None:
     if not _NAME.match(name or ""):
-        raise FabricError("%s %r must be letters, digits, '.', '_' or '-' (and not start with a punctuation)" % (what, name))
+        raise RuntimeConfigError("%s %r must be letters, digits, '.', '_' or '-' (and not start with a punctuation)"
+                                 % (what, name))
 
 
 def _command_words(command: Sequence[Any]) -> list[tuple[str, str]]:
@@ -57,8 +62,8 @@ def _check_lines(where: str, named: Sequence[tuple[str, str]]) -> None:
     for what, value in named:
         error = one_line_error("%s, %s" % (where, what), value)
         if error:
-            raise FabricError(error + "; it comes from vllm_model, vllm_served_model_name, vllm_extra_args, "
-                              "ray_extra_args or a path variable of the role")
+            raise RuntimeConfigError(error + "; it comes from vllm_model, vllm_served_model_name, vllm_extra_args, "
+                                     "ray_extra_args or a path variable of the role")
 
 
 def config_hash(env: Mapping[str, str], args: Sequence[str], extra: Optional[Mapping[str, Any]] = None) -> str:
@@ -121,7 +126,7 @@ def supervisor_program(
     """
     _check_name(name, "program name")
     if not command:
-        raise FabricError("program %s: the command is empty" % name)
+        raise RuntimeConfigError("program %s: the command is empty" % name)
     _check_lines("program %s" % name, _command_words(command) + [("log_dir", log_dir)])
     lines = [
         "[program:%s]" % name,
@@ -197,9 +202,9 @@ def systemd_unit(
 ) -> str:
     """A unit that runs ``program args`` with the env file as its environment."""
     if not program.startswith("/"):
-        raise FabricError("systemd needs an absolute program path; got %r" % program)
+        raise RuntimeConfigError("systemd needs an absolute program path; got %r" % program)
     if not env_file_path.startswith("/"):
-        raise FabricError("systemd needs an absolute EnvironmentFile path; got %r" % env_file_path)
+        raise RuntimeConfigError("systemd needs an absolute EnvironmentFile path; got %r" % env_file_path)
     _check_lines("unit %r" % description,
                  [*_command_words([program, *args]), ("EnvironmentFile", env_file_path), ("Description", description)])
     exec_start = " ".join(_systemd_quote(a) for a in [program] + [str(a) for a in args])
@@ -258,14 +263,14 @@ def docker_container_params(
     _check_lines("container %s" % name,
                  [*_command_words([program, *args]), ("env_file", env_file_path), ("image", image)])
     if not image:
-        raise FabricError("container %s: no image given; set the image variable" % name)
+        raise RuntimeConfigError("container %s: no image given; set the image variable" % name)
     if gpus == "all":
         device_request: dict[str, Any] = {"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}
     else:
         try:
             count = int(gpus)
         except ValueError:
-            raise FabricError("container %s: gpus must be 'all' or a number; got %r" % (name, gpus))
+            raise RuntimeConfigError("container %s: gpus must be 'all' or a number; got %r" % (name, gpus))
         device_request = {"driver": "nvidia", "count": count, "capabilities": [["gpu"]]}
     labels = {HASH_LABEL: digest, "multinode.vllm.program": program}
     if role:
@@ -326,22 +331,23 @@ def render(
     change, such as the digest of a secret file the process reads at start (never the secret itself).
     """
     if runtime not in RUNTIMES:
-        raise FabricError("runtime %r is not one of %s" % (runtime, ", ".join(RUNTIMES)))
+        raise RuntimeConfigError("runtime %r is not one of %s" % (runtime, ", ".join(RUNTIMES)))
     extra: dict[str, Any] = {"runtime": runtime, "program": program}
     if restart_on:
         extra["restart_on"] = {str(k): str(v) for k, v in restart_on.items()}
     if runtime == "docker":
         if not image:
             var = image_var or "the image variable"
-            raise FabricError("%s: multinode_runtime is docker (the default) but %s is empty; set %s to an image that "
-                              "holds Ray and vLLM (docs/install.md lists what each runtime needs on a node), or set "
-                              "multinode_runtime to process or systemd" % (name, var, var))
+            raise RuntimeConfigError(
+                "%s: multinode_runtime is docker (the default) but %s is empty; set %s to an image that holds Ray and "
+                "vLLM (docs/install.md lists what each runtime needs on a node), or set multinode_runtime to process "
+                "or systemd" % (name, var, var))
         extra["image"] = image
     digest = config_hash(env, args, extra)
     result: dict[str, Any] = {"runtime": runtime, "hash": digest, "args": [str(a) for a in args]}
     if runtime == "process":
         if not python or not launcher:
-            raise FabricError("runtime process needs the launcher and the python that runs it")
+            raise RuntimeConfigError("runtime process needs the launcher and the python that runs it")
         command = launcher_command(python, launcher, env_file_path, program, args)
         result["command"] = command
         result["supervisor_program"] = supervisor_program(name, command, digest, log_dir)

@@ -17,19 +17,20 @@ Pure: no Ansible imports, no I/O.
 
 from __future__ import annotations
 
-import re
 import shlex
 from typing import Mapping, Sequence
+
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import is_env_key
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 
 # The argv prefix that reads a secret env file and runs the program with its variables exported.
 SOURCE_ARGV = ("/bin/sh", "-c", 'set -a && . "$0" && set +a && exec "$@"')
 # Credentials vLLM's Ray executor would otherwise copy to every Ray worker (VLLM_API_KEY is a registered vLLM
 # variable; HF_* is a copied prefix, vllm/ray/ray_env.py in 0.32.0), and so into Ray's runtime environment.
 ALWAYS_SECRET_KEYS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY")
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class SecretError(ValueError):
+class SecretError(MultinodeError, ValueError):
     """A secret variable that cannot be written; the message names the variable, never the value."""
 
 
@@ -42,7 +43,7 @@ def secret_env_file(values: Mapping[str, object], what: str = "vllm_secret_env")
     lines = []
     for key in sorted(values):
         value = values[key]
-        if not isinstance(key, str) or not _KEY.match(key):
+        if not is_env_key(key):
             raise SecretError("%s: key %r is not an environment variable name (letters, digits and _, not starting "
                               "with a digit); rename it" % (what, key))
         if value is None or isinstance(value, (dict, list)):

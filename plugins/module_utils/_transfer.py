@@ -48,6 +48,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._detach import (
     refuse,
     run_detached,
 )
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._manifest import (
     PARTIAL_SUFFIX,
     ManifestError,
@@ -65,7 +66,7 @@ SLOT_SIZE = 1024 * 1024
 RING_SLOTS = 4 if len(os.sched_getaffinity(0)) >= 4 else 1
 
 
-class TransferError(Exception):
+class TransferError(MultinodeError):
     """A transfer step failed; the message names the host, the file or address, and the fix."""
 
 

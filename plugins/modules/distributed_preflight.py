@@ -212,8 +212,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.multinode.vllm.plugins.module_utils import _node_versions
 from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import (
-    VERSIONS_SCRIPT,
     MINIMAL_BASE,
     RendezvousError,
     node_fingerprint,
@@ -228,6 +228,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous_run imp
     default_non_carry_over_file,
     run_rank,
 )
+from ansible_collections.multinode.vllm.plugins.module_utils._scripts import script_argv
 
 
 def _read(path: str) -> str:
@@ -236,7 +237,7 @@ def _read(path: str) -> str:
 
 
 def _runtime_versions(module: AnsibleModule, interpreter: list[str], env: dict[str, str]) -> dict:
-    rc, out, err = module.run_command(list(interpreter) + ["-c", VERSIONS_SCRIPT], environ_update=env)
+    rc, out, err = module.run_command(script_argv(interpreter, _node_versions), environ_update=env)
     if rc != 0:
         module.fail_json(msg="%s: the runtime interpreter %s cannot start (rc %d): %s" % (
             module.params["host"], " ".join(interpreter), rc, (err or out).strip()[-400:]))

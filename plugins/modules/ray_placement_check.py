@@ -90,8 +90,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.multinode.vllm.plugins.module_utils import _node_ray_placement
 from ansible_collections.multinode.vllm.plugins.module_utils._ray_placement import (
-    SCRIPT,
     parse_output,
     placement_problems,
     placement_rows,
@@ -102,6 +102,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import 
     parse_env_file,
     rank_environment,
 )
+from ansible_collections.multinode.vllm.plugins.module_utils._scripts import script_argv
 
 
 def main() -> None:
@@ -128,7 +129,7 @@ def main() -> None:
     hosts = {str(h): str(ip) for h, ip in p["hosts"].items()}
     started = time.time()
     config = {"address": p["address"], "fabric_ips": sorted(hosts.values()), "deadline": started + p["timeout"]}
-    argv = list(p["interpreter"]) + ["-c", SCRIPT, json.dumps(config)]
+    argv = script_argv(p["interpreter"], _node_ray_placement, json.dumps(config))
     stderr = ""
     try:
         proc = subprocess.run(argv, env=rank_environment(env, base), stdin=subprocess.DEVNULL, capture_output=True,

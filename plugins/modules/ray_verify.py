@@ -147,8 +147,8 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.multinode.vllm.plugins.module_utils import _node_ray_reader
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
-from ansible_collections.multinode.vllm.plugins.module_utils._ray_reader import READER
 from ansible_collections.multinode.vllm.plugins.module_utils._ray_state import (
     RayNode,
     alive_count,
@@ -156,6 +156,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._ray_state import (
     format_table,
     rows as build_rows,
 )
+from ansible_collections.multinode.vllm.plugins.module_utils._scripts import script_argv
 
 TESTED_RAY = "2.60.0"
 
@@ -166,7 +167,8 @@ class ReadError(Exception):
 
 def read_nodes(python, address, timeout, environment, wait_for_nodes=0, wait_timeout=0.0):
     """(ray version, nodes, alive counts seen): one reader process, which waits for wait_for_nodes alive nodes."""
-    cmd = list(python) + ["-c", READER, address, str(timeout), str(int(wait_for_nodes)), str(float(wait_timeout))]
+    cmd = script_argv(python, _node_ray_reader, address, str(timeout), str(int(wait_for_nodes)),
+                      str(float(wait_timeout)))
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (environment or {}).items()})
     try:

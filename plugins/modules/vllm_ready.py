@@ -169,12 +169,9 @@ from collections import deque
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.multinode.vllm.plugins.module_utils._proc_net import parse_proc_net_tcp
 from ansible_collections.multinode.vllm.plugins.module_utils._procs import serve_processes
-from ansible_collections.multinode.vllm.plugins.module_utils._serve import (
-    first_exception,
-    meaningful_line,
-    parse_proc_net_tcp,
-)
+from ansible_collections.multinode.vllm.plugins.module_utils._serve_failure import first_exception, meaningful_line
 
 FIRST_ERROR_SCAN = 32 * 1024 * 1024
 

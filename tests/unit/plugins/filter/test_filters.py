@@ -232,6 +232,21 @@ def test_fabric_peers_without_facts(hostvars):
     assert str(caught.value) == "spark2 has no fabric facts; run multinode.vllm.fabric_facts on it first"
 
 
+@pytest.mark.parametrize(
+    "module, call, substring",
+    [
+        ("node_env_file", lambda f: f({"BAD-KEY": "1"}), "'BAD-KEY' is not a valid environment variable name"),
+        ("node_runtime", lambda f: f({"A": "1"}, "k8s", "ray", "ray", [], "/e"), "runtime 'k8s' is not one of"),
+    ],
+    ids=["node_env_file", "node_runtime"],
+)
+def test_render_filters_raise_a_filter_error(module, call, substring):
+    """Each filter turns its module_utils' error (EnvError, RuntimeConfigError) into AnsibleFilterError."""
+    plugin = importlib.import_module("ansible_collections.multinode.vllm.plugins.filter." + module)
+    with pytest.raises(AnsibleFilterError, match=substring):
+        call(getattr(plugin, module))
+
+
 # ---------------------------------------------------------------------------
 # ray_start_args
 # ---------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from ansible_collections.multinode.vllm.plugins.module_utils._bind_audit import 
     check_allow,
     classify,
     compile_patterns,
-    decode_address,
     is_cluster_internal,
     listeners,
     parse_net,
@@ -71,22 +70,6 @@ def test_recorded_tcp6_wildcard_mapped_and_loopback():
 @little_endian
 def test_recorded_udp_keeps_the_unconnected_socket_only():
     assert [(s.address, s.port) for s in parse_net(UDP, "udp")] == [("127.0.0.1", 37929)]
-
-
-@little_endian
-@pytest.mark.parametrize("text, address", [
-    ("0CC812C6", "198.18.200.12"),
-    ("B80D0120000000000000000001000000", "2001:db8::1"),
-    ("000080FE00000000FF101A8E03A0DDFE", "fe80::8e1a:10ff:fedd:a003"),
-    ("0000000000000000FFFF00000CC812C6", "198.18.200.12"),
-])
-def test_decode_address_word_order(text, address):
-    assert decode_address(text) == address
-
-
-def test_decode_address_rejects_other_lengths():
-    with pytest.raises(ValueError):
-        decode_address("0100007F00")
 
 
 # Live: real sockets of this test process, read back through /proc.

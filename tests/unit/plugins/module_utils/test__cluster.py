@@ -25,7 +25,7 @@ def test_a_worker_sees_the_head_its_rank_and_the_ray_address():
 
 
 def test_the_head_is_rank_0_even_when_also_listed_as_a_worker_and_the_port_comes_as_text():
-    view = identity(HOSTVARS, "spark1", ["spark1"], ["spark1", "spark2"], **dict(SETTINGS, ray_gcs_port="6400"))
+    view = identity(HOSTVARS, "spark1", ["spark1"], ["spark1", "spark2"], **{**SETTINGS, "ray_gcs_port": "6400"})
     assert (view["role"], view["node_rank"], view["hosts"], view["ray_address"]) == \
         ("head", 0, ["spark1", "spark2"], "198.18.200.11:6400")
 

@@ -1,7 +1,7 @@
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Node environment, vLLM's non-carry-over list, env files and `ray start` arguments."""
+"""Node environment, vLLM's non-carry-over list and env files."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ import json
 import pytest
 
 from ansible_collections.multinode.vllm.plugins.module_utils._env import (
+    EnvError,
     EnvSettings,
-    RaySettings,
     carry_over_hazards,
     env_file,
     node_environment,
     non_carry_over_json,
     non_carry_over_keys,
-    ray_start_args,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import (
     FabricError,
@@ -120,29 +119,30 @@ def test_extra_adds_and_overrides_replace(sparks):
 
 
 ENV_ERROR_CASES = [
-    # id, settings, overrides, substrings
-    ("extra-replaces-computed-key", {"extra": {"VLLM_HOST_IP": "198.18.200.99"}}, None,
+    # id, settings, overrides, error, substrings
+    ("extra-replaces-computed-key", {"extra": {"VLLM_HOST_IP": "198.18.200.99"}}, None, EnvError,
      ["spark1:", "extra environment sets VLLM_HOST_IP", "VLLM_HOST_IP=198.18.200.12", "per-host override"]),
-    ("extra-replaces-nccl-ifname", {"extra": {"NCCL_SOCKET_IFNAME": "enp1s0f1np1"}}, None,
+    ("extra-replaces-nccl-ifname", {"extra": {"NCCL_SOCKET_IFNAME": "enp1s0f1np1"}}, None, EnvError,
      ["spark1:", "NCCL_SOCKET_IFNAME=" + "=enp1s0f1np1", "per-host override"]),
-    ("extra-bad-key", {"extra": {"NCCL DEBUG": "INFO"}}, None,
+    ("extra-bad-key", {"extra": {"NCCL DEBUG": "INFO"}}, None, EnvError,
      ["spark1:", "'NCCL DEBUG' is not a valid environment variable name"]),
-    ("override-bad-key", {}, {"1NCCL": "x"}, ["spark1:", "'1NCCL' is not a valid environment variable name"]),
-    ("bad-backend", {"backend": "mpi"}, None, ["backend 'mpi'", "ray, native"]),
-    ("bad-gid-selection", {"gid_selection": "auto"}, None, ["gid_selection 'auto'", "addr_range, index"]),
-    ("bad-cidr", {"fabric_cidr": "127.0.0.0/8"}, None, ["spark1:", "127.0.0.0/8 is a loopback range"]),
+    ("override-bad-key", {}, {"1NCCL": "x"}, EnvError, ["spark1:", "'1NCCL' is not a valid environment variable name"]),
+    ("bad-backend", {"backend": "mpi"}, None, EnvError, ["backend 'mpi'", "ray, native"]),
+    ("bad-gid-selection", {"gid_selection": "auto"}, None, EnvError, ["gid_selection 'auto'", "addr_range, index"]),
+    ("bad-cidr", {"fabric_cidr": "127.0.0.0/8"}, None, FabricError, ["spark1:", "127.0.0.0/8 is a loopback range"]),
 ]
 
 
 @pytest.mark.parametrize(
-    "settings, overrides, substrings",
+    "settings, overrides, error, substrings",
     [case[1:] for case in ENV_ERROR_CASES],
     ids=[case[0] for case in ENV_ERROR_CASES],
 )
-def test_node_environment_errors(sparks, settings, overrides, substrings):
+def test_node_environment_errors(sparks, settings, overrides, error, substrings):
+    """A bad setting of the environment is an EnvError; a bad fabric (fabric_cidr) stays a FabricError."""
     kwargs = {"fabric_cidr": CIDR, "head_fabric_ip": HEAD}
     kwargs.update(settings)
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(error) as caught:
         node_environment(sparks["spark1"], EnvSettings(**kwargs), overrides=overrides)
     message = str(caught.value)
     assert all(s in message for s in substrings), message
@@ -234,85 +234,13 @@ def test_env_file_sorted_key_value():
     ids=["newline", "carriage-return", "bad-key"],
 )
 def test_env_file_refuses(env, substrings):
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(EnvError) as caught:
         env_file(env)
     assert all(s in str(caught.value) for s in substrings), str(caught.value)
 
 
-# ---------------------------------------------------------------------------
-# ray start
-# ---------------------------------------------------------------------------
-
-PORTS = {
-    "node_manager_port": 6380,
-    "object_manager_port": 6381,
-    "metrics_export_port": None,
-    "dashboard_port": 8265,
-    "ray_client_server_port": 10001,
-    "min_worker_port": 20000,
-    "max_worker_port": 20100,
-}
-
-RAY_CASES = [
-    # id, role, node_ip, settings, expected args
-    ("head-default", "head", HEAD, RaySettings(),
-     ["start", "--head", "--node-ip-address", HEAD, "--port", "6379", "--include-dashboard=false", "--block"]),
-    ("worker-default", "worker", "198.18.200.13", RaySettings(),
-     ["start", "--address", HEAD + ":6379", "--node-ip-address", "198.18.200.13", "--block"]),
-    ("head-pinned-ports", "head", HEAD, RaySettings(gcs_port=6400, ports=PORTS),
-     ["start", "--head", "--node-ip-address", HEAD, "--port", "6400", "--include-dashboard=false",
-      "--dashboard-port", "8265", "--max-worker-port", "20100", "--min-worker-port", "20000",
-      "--node-manager-port", "6380", "--object-manager-port", "6381", "--ray-client-server-port", "10001",
-      "--block"]),
-    ("worker-skips-head-only-ports", "worker", "198.18.200.13", RaySettings(gcs_port=6400, ports=PORTS),
-     ["start", "--address", HEAD + ":6400", "--node-ip-address", "198.18.200.13",
-      "--max-worker-port", "20100", "--min-worker-port", "20000",
-      "--node-manager-port", "6380", "--object-manager-port", "6381", "--block"]),
-    ("head-dashboard", "head", HEAD, RaySettings(include_dashboard=True, dashboard_host="0.0.0.0"),
-     ["start", "--head", "--node-ip-address", HEAD, "--port", "6379", "--include-dashboard=true",
-      "--dashboard-host", "0.0.0.0", "--block"]),
-    ("worker-resources-extra-no-block", "worker", "198.18.200.13",
-     RaySettings(num_gpus=1, num_cpus=20, extra_args=("--labels", '{"fabric":"roce"}'), block=False),
-     ["start", "--address", HEAD + ":6379", "--node-ip-address", "198.18.200.13", "--num-gpus", "1",
-      "--num-cpus", "20", "--labels", '{"fabric":"roce"}']),
-    ("port-given-as-string", "worker", "198.18.200.13", RaySettings(gcs_port="6379", ports={"node_manager_port": "6380"}),
-     ["start", "--address", HEAD + ":6379", "--node-ip-address", "198.18.200.13", "--node-manager-port", "6380",
-      "--block"]),
-]
-
-
-@pytest.mark.parametrize(
-    "role, node_ip, settings, expected", [case[1:] for case in RAY_CASES], ids=[case[0] for case in RAY_CASES]
-)
-def test_ray_start_args(role, node_ip, settings, expected):
-    assert ray_start_args(role, node_ip, HEAD, settings) == expected
-
-
-RAY_ERROR_CASES = [
-    ("unknown-port-name", "worker", "198.18.200.13", RaySettings(ports={"gcs_server_port": 6379}),
-     ["unknown Ray port setting 'gcs_server_port'", "known: dashboard_agent_grpc_port", "node_manager_port"]),
-    ("port-zero", "worker", "198.18.200.13", RaySettings(ports={"node_manager_port": 0}),
-     ["node_manager_port must be between 1 and 65535; got 0"]),
-    ("port-too-high", "head", HEAD, RaySettings(ports={"dashboard_port": 70000}),
-     ["dashboard_port must be between 1 and 65535; got 70000"]),
-    ("port-not-a-number", "worker", "198.18.200.13", RaySettings(ports={"min_worker_port": "low"}),
-     ["min_worker_port must be a TCP port number; got 'low'"]),
-    ("gcs-port-out-of-range", "worker", "198.18.200.13", RaySettings(gcs_port=65536),
-     ["gcs_port must be between 1 and 65535; got 65536"]),
-    ("unknown-head-only-port-on-worker", "worker", "198.18.200.13", RaySettings(ports={"dashbord_port": 8265}),
-     ["unknown Ray port setting 'dashbord_port'"]),
-    ("bad-role", "driver", HEAD, RaySettings(), ["role must be 'head' or 'worker'; got 'driver'"]),
-    ("head-ip-differs", "head", "198.18.200.13", RaySettings(),
-     ["head node_ip 198.18.200.13 differs from head_ip " + HEAD]),
-]
-
-
-@pytest.mark.parametrize(
-    "role, node_ip, settings, substrings",
-    [case[1:] for case in RAY_ERROR_CASES],
-    ids=[case[0] for case in RAY_ERROR_CASES],
-)
-def test_ray_start_args_errors(role, node_ip, settings, substrings):
-    with pytest.raises(FabricError) as caught:
-        ray_start_args(role, node_ip, HEAD, settings)
-    assert all(s in str(caught.value) for s in substrings), str(caught.value)
+def test_a_bad_setting_is_an_env_error_not_a_fabric_error(sparks):
+    """Issue 18: FabricError is the fabric's; a setting of the environment refused is an EnvError."""
+    with pytest.raises(EnvError) as caught:
+        node_environment(sparks["spark1"], EnvSettings(fabric_cidr=CIDR, head_fabric_ip=HEAD, backend="mpi"))
+    assert not isinstance(caught.value, FabricError)

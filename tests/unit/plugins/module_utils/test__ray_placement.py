@@ -3,14 +3,24 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 from __future__ import annotations
 
+import inspect
 import json
+import subprocess
+import sys
+import time
 
+import pytest
+
+from ansible_collections.multinode.vllm.plugins.module_utils import _node_ray_placement
 from ansible_collections.multinode.vllm.plugins.module_utils._ray_placement import (
-    SCRIPT,
     parse_output,
     placement_problems,
     placement_rows,
 )
+from ansible_collections.multinode.vllm.plugins.module_utils._scripts import script_argv
+
+# What ray_placement_check runs under the head's interpreter (the node script's source).
+SCRIPT = inspect.getsource(_node_ray_placement)
 
 HOSTS = {"spark1": "198.18.200.12", "spark2": "198.18.200.13"}
 
@@ -22,6 +32,22 @@ def seen(ip, get_ip=None, vllm_host_ip=None):
 def test_script_compiles_and_prints_the_marker():
     compile(SCRIPT, "<placement>", "exec")
     assert "MULTINODE_PLACEMENT " in SCRIPT and 'resources={"node:" + ip' in SCRIPT
+
+
+def test_script_without_ray_prints_the_driver_error():
+    """Run as the module runs it: without an importable Ray, one marker line that says why, exit 0."""
+    try:
+        import ray  # noqa: F401  pylint: disable=unused-import
+        pytest.skip("ray is importable in the test interpreter")
+    except ImportError:
+        pass
+    config = {"address": "198.18.200.12:6379", "fabric_ips": ["198.18.200.12"], "deadline": time.time() + 5}
+    proc = subprocess.run(script_argv([sys.executable], _node_ray_placement, json.dumps(config)), capture_output=True,
+                          text=True, timeout=60, check=False)
+    result = parse_output(proc.stdout)
+    assert proc.returncode == 0 and result is not None, (proc.stdout, proc.stderr)
+    assert result["error"].startswith("cannot connect a Ray driver to 198.18.200.12:6379: ModuleNotFoundError")
+    assert placement_problems(result, {"spark1": "198.18.200.12"}, 5) == [result["error"]]
 
 
 def test_parse_output_takes_the_last_marker_line():

@@ -24,7 +24,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import 
     rank_problems,
     returned_env,
 )
-from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous_rank import (
+from ansible_collections.multinode.vllm.plugins.module_utils._node_rendezvous_rank import (
     gloo_selection,
     nccl_selection,
 )

@@ -12,9 +12,11 @@ import subprocess
 
 import pytest
 
-from ansible_collections.multinode.vllm.plugins.module_utils._env import RaySettings, env_file, ray_start_args
+from ansible_collections.multinode.vllm.plugins.module_utils._env import env_file
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import RaySettings, ray_start_args
 from ansible_collections.multinode.vllm.plugins.module_utils._runtime import (
+    RuntimeConfigError,
     HASH_ENV,
     HASH_LABEL,
     config_hash,
@@ -103,12 +105,12 @@ def test_supervisord_config_is_per_node():
 
 @pytest.mark.parametrize("name", ["", "ray prog", "-x", "a/b"])
 def test_bad_program_names_are_refused(name):
-    with pytest.raises(FabricError):
+    with pytest.raises(RuntimeConfigError):
         supervisor_program(name, ["/bin/true"], "abc", "/var/log")
 
 
 def test_process_runtime_needs_the_launcher():
-    with pytest.raises(FabricError, match="launcher"):
+    with pytest.raises(RuntimeConfigError, match="launcher"):
         render("process", "ray", ENV, VENV + "/bin/ray", ARGS, "/etc/multinode-vllm/node.env")
 
 
@@ -145,7 +147,7 @@ def test_systemd_quoting(arg, word):
 
 @pytest.mark.parametrize("program, env_path", [("ray", "/etc/env"), ("/bin/ray", "node.env")])
 def test_systemd_needs_absolute_paths(program, env_path):
-    with pytest.raises(FabricError, match="absolute"):
+    with pytest.raises(RuntimeConfigError, match="absolute"):
         systemd_unit("x", env_path, program, [], "h")
 
 
@@ -202,7 +204,7 @@ def test_docker_gpu_count(gpus, count):
 
 @pytest.mark.parametrize("kw, match", [({"image": ""}, "no image"), ({"image": "i", "gpus": "some"}, "gpus")])
 def test_docker_bad_input(kw, match):
-    with pytest.raises(FabricError, match=match):
+    with pytest.raises(RuntimeConfigError, match=match):
         docker_container_params("c", env_file_path="/e", program="ray", args=[], digest="h", **kw)
 
 
@@ -214,7 +216,7 @@ def test_same_inputs_same_hash_across_runtimes_differ_by_runtime():
 
 
 def test_unknown_runtime():
-    with pytest.raises(FabricError, match="runtime 'k8s'"):
+    with pytest.raises(RuntimeConfigError, match="runtime 'k8s'"):
         render("k8s", "ray", ENV, "ray", ARGS, "/e")
 
 
@@ -234,7 +236,14 @@ def test_restart_on_changes_the_hash_and_never_carries_the_value():
 
 def test_docker_without_an_image_names_the_variable_to_set():
     """issue 20: the default runtime is docker; an empty image must name the inventory variable, not 'the image'."""
-    with pytest.raises(FabricError, match="ray: multinode_runtime is docker .* but ray_docker_image is empty; set "
-                                          "ray_docker_image"):
+    with pytest.raises(RuntimeConfigError, match="ray: multinode_runtime is docker .* but ray_docker_image is empty; "
+                                                 "set ray_docker_image"):
         render("docker", "ray", {"A": "1"}, "ray", ["start"], "/etc/multinode-vllm/node.env", image="",
                image_var="ray_docker_image")
+
+
+def test_a_bad_setting_is_a_runtime_config_error_not_a_fabric_error():
+    """Issue 18: a process the runtime cannot render is a RuntimeConfigError, not the fabric's FabricError."""
+    with pytest.raises(RuntimeConfigError) as caught:
+        render("k8s", "ray", ENV, "ray", ARGS, "/e")
+    assert not isinstance(caught.value, FabricError)

@@ -22,8 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.multinode.vllm.plugins.module_utils._env import env_file
-from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
+from ansible_collections.multinode.vllm.plugins.module_utils._env import EnvError, env_file
 
 LAUNCHER = os.path.join(os.path.dirname(__file__), *[".."] * 4, "roles", "node_env", "files", "multinode-env-exec")
 DUMP = "import json, os, sys; json.dump(dict(os.environ), sys.stdout)"
@@ -134,7 +133,7 @@ VALUES = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")) | 
 def test_accepted_values_read_back_identically_and_refused_ones_would_not(tmp_path_factory, env):
     try:
         text = env_file(env)
-    except FabricError as exc:
+    except EnvError as exc:
         # Refused: at least one value the readers would not agree on; the message names its key.
         naive = "".join("%s=%s\n" % (k, env[k]) for k in sorted(env))
         assert systemd_read(naive) != docker_read(naive), (env, str(exc))
@@ -150,7 +149,7 @@ def test_accepted_values_read_back_identically_and_refused_ones_would_not(tmp_pa
 def test_values_systemd_would_read_differently_are_refused(value):
     naive = "K=%s\n" % value
     assert systemd_read(naive) != docker_read(naive)  # the reason for the refusal, shown on the port
-    with pytest.raises(FabricError, match="env file value of K"):
+    with pytest.raises(EnvError, match="env file value of K"):
         env_file({"K": value})
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError
 from ansible_collections.multinode.vllm.plugins.module_utils._firewall import (
+    FirewallError,
     boot_unit,
     build_spec,
     check_spec,
@@ -211,7 +212,7 @@ def test_every_problem_is_reported_at_once():
     errors = _errors(mgmt_allow_tcp=[99999, 22], cluster={"spark1": "198.18.200.12", "spark2": "10.1.1.1"},
                      mgmt_interface="")
     assert len(errors) == 3
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(FirewallError) as caught:
         build_spec(_data(mgmt_allow_tcp=[99999, 22]))
     assert "99999" in str(caught.value)
 
@@ -295,7 +296,7 @@ def test_boot_unit_loads_the_kept_table_before_the_network_and_the_cluster():
 @pytest.mark.parametrize("path, nft", [("relative.nft", "/usr/sbin/nft"), ("/etc/a b.nft", "/usr/sbin/nft"),
                                        ("/etc/50%.nft", "/usr/sbin/nft"), ("/etc/x.nft", "nft")])
 def test_boot_unit_refuses_paths_systemd_would_read_otherwise(path, nft):
-    with pytest.raises(FabricError, match="absolute path"):
+    with pytest.raises(FirewallError, match="absolute path"):
         boot_unit(path, nft)
 
 
@@ -310,3 +311,10 @@ def test_boot_unit_passes_systemd_analyze_verify(tmp_path):
     assert proc.returncode == 0, proc.stderr
     # An unknown key or a bad value is only a warning naming the file (the exit status stays 0).
     assert str(unit) not in proc.stderr, proc.stderr
+
+
+def test_a_bad_spec_is_a_firewall_error_not_a_fabric_error():
+    """Issue 18: a firewall input refused is a FirewallError (even when the fabric_cidr is what is wrong)."""
+    with pytest.raises(FirewallError) as caught:
+        build_spec(_data(fabric_cidr="not-a-cidr"))
+    assert not isinstance(caught.value, FabricError) and "not-a-cidr" in str(caught.value)

@@ -29,16 +29,21 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.multinode.vllm.plugins.module_utils._env import (
+    EnvError,
     EnvSettings,
-    RaySettings,
     env_file,
     env_file_value_error,
     node_environment,
+)
+from ansible_collections.multinode.vllm.plugins.module_utils._fabric import parse_network, select_fabric
+from ansible_collections.multinode.vllm.plugins.module_utils._ray_start import (
+    RaySettings,
+    RayStartError,
     ray_start_args,
 )
-from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError, parse_network, select_fabric
 from ansible_collections.multinode.vllm.plugins.module_utils._runtime import (
     HASH_ENV,
+    RuntimeConfigError,
     docker_container_params,
     render,
     supervisor_program,
@@ -135,7 +140,7 @@ def test_serve_args_refuse_a_hostile_setting(field, variable, hostile):
 @given(hostile_text, st.integers(0, 3))
 def test_ray_start_args_refuse_a_hostile_extra_arg(hostile, at):
     args = _args_with(hostile, at)
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(RayStartError) as caught:
         ray_start_args("worker", "198.18.200.13", HEAD, RaySettings(extra_args=tuple(args)))
     _refused(caught, "ray_extra_args[%d]" % min(at, 3), hostile)
 
@@ -153,7 +158,7 @@ SELECTION = _selection()
 @given(env_key, hostile_text, st.sampled_from(["extra", "overrides"]))
 def test_node_environment_refuses_a_hostile_value(key, hostile, where):
     settings_ = EnvSettings(fabric_cidr=CIDR, head_fabric_ip=HEAD, extra={key: hostile} if where == "extra" else {})
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(EnvError) as caught:
         node_environment(SELECTION, settings_, overrides={key: hostile} if where == "overrides" else None)
     _refused(caught, "node_env_%s[%s]" % (where, key), hostile)
 
@@ -161,7 +166,7 @@ def test_node_environment_refuses_a_hostile_value(key, hostile, where):
 @HOSTILE
 @given(bad_env_key)
 def test_node_environment_refuses_a_bad_key(key):
-    with pytest.raises(FabricError, match="not a valid environment variable name"):
+    with pytest.raises(EnvError, match="not a valid environment variable name"):
         node_environment(SELECTION, EnvSettings(fabric_cidr=CIDR, head_fabric_ip=HEAD, extra={key: "1"}))
 
 
@@ -185,7 +190,7 @@ def test_env_file_reads_back_as_written(env):
 @HOSTILE
 @given(env_key, hostile_text)
 def test_env_file_refuses_a_hostile_value(key, hostile):
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(EnvError) as caught:
         env_file({key: hostile})
     _refused(caught, "env file value of %s" % key, hostile)
 
@@ -193,7 +198,7 @@ def test_env_file_refuses_a_hostile_value(key, hostile):
 @HOSTILE
 @given(bad_env_key)
 def test_env_file_refuses_a_bad_key(key):
-    with pytest.raises(FabricError, match="not a valid environment variable name"):
+    with pytest.raises(EnvError, match="not a valid environment variable name"):
         env_file({key: "1"})
 
 
@@ -252,7 +257,7 @@ def test_serve_env_words_are_assignments_env_reads_back(extra, offline):
 @given(hostile_text, st.integers(0, 3), st.sampled_from(["process", "systemd", "docker"]))
 @example(EVIL, 0, "process")
 def test_every_runtime_refuses_a_hostile_word(hostile, at, runtime):
-    with pytest.raises(FabricError) as caught:
+    with pytest.raises(RuntimeConfigError) as caught:
         render(runtime, "vllm", {"A": "1"}, VENV + "/bin/vllm", _args_with(hostile, at), ENV_PATH,
                python=VENV + "/bin/python", launcher=LAUNCHER, image="example/vllm")
     # process: python, launcher, env file, program, then the arguments; systemd and docker: program, arguments.

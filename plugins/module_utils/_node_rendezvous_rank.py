@@ -1,13 +1,13 @@
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The rank process of the distributed preflight.
+"""The rank process of the distributed preflight (a node script).
 
 This file is sent whole to the node's runtime interpreter as
 ``python -c <this source> <config json>`` (a venv's python, or
-``docker exec <container> python``), so it is self-contained: standard
-library at the top, torch and vLLM imported inside ``main`` from the runtime.
-It never installs anything.
+``docker exec <container> python``; ``_scripts.script_argv``), so it is
+self-contained: standard library at the top, torch and vLLM imported inside
+``main`` from the runtime. It never installs anything.
 
 What one rank does, in order, under a hard deadline (a watchdog thread exits
 the process at the deadline even where the module's kill cannot reach it,
