@@ -118,11 +118,10 @@ def claim(job_dir: str, what: str, request: Any = None, adopt: bool = False,
         time.sleep(0.2)
         state, previous = job_state(job_dir)
     if state == "running":
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(previous.get("started", 0)))
         raise JobError("a previous %s (pid %s, started %s) still runs and writes into %s; wait for it to end or "
-                       "stop it (kill %s), then run again"
-                       % (what, previous.get("pid"), time.strftime("%Y-%m-%d %H:%M:%S",
-                                                                    time.localtime(previous.get("started", 0))),
-                          job_dir, previous.get("pid")))
+                       "stop it (kill %s), then run again" % (what, previous.get("pid"), started, job_dir,
+                                                              previous.get("pid")))
     if os.path.lexists(job_dir):
         if os.path.islink(job_dir) or not os.path.isdir(job_dir):
             raise JobError("%s is not a directory; remove it and run again" % job_dir)

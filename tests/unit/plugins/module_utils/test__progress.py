@@ -205,8 +205,8 @@ def test_run_watched_says_the_summary_of_the_final_result_and_drops_state():
     assert final == {"bytes": 7}
     assert said[0] == "spark1: a model download started before (pid 42) is still running: watching it"
     assert said[-1] == "summary of 7 bytes"
-    failed = run_watched(lambda job: {"start": {"job_state": "started"}, "status": {"job_state": "done", "failed": True,
-                                                                                 "msg": "m"}}[job],
+    answers = {"start": {"job_state": "started"}, "status": {"job_state": "done", "failed": True, "msg": "m"}}
+    failed = run_watched(lambda job: answers[job],
                          said.append, "spark1", "model download", 1.0, lambda result: "never",
                          clock=clock, sleep=clock.sleep)
     assert failed == {"failed": True, "msg": "m"} and "never" not in said

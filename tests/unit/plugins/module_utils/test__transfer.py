@@ -710,16 +710,16 @@ def test_pull_progress_counts_renamed_files_whole_and_partials_by_their_bytes(tm
     inodes = final_inodes(str(root), [e["path"] for e in entries])
     assert inodes["c.json"] == 0 and inodes["a.safetensors"] == os.lstat(root / "a.safetensors").st_ino
     # The wrong copy of a is not counted: same inode as when the pull started.
-    assert pull_progress(str(root), entries, inodes) == {"bytes_done": 200, "bytes_total": 1810, "files_done": 0,
-                                                        "files_total": 4}
+    assert pull_progress(str(root), entries, inodes) == {
+        "bytes_done": 200, "bytes_total": 1810, "files_done": 0, "files_total": 4}
     # b resumes and grows, c arrives (renamed into place from its own partial), a is replaced.
     (root / "sub" / "b.safetensors.partial").write_bytes(b"y" * 450)
     (root / "c.json.partial").write_bytes(b"{}" * 5)
     os.replace(root / "c.json.partial", root / "c.json")
     (root / "a.safetensors.partial").write_bytes(b"z" * 1000)
     os.replace(root / "a.safetensors.partial", root / "a.safetensors")
-    assert pull_progress(str(root), entries, inodes) == {"bytes_done": 1460, "bytes_total": 1810, "files_done": 2,
-                                                        "files_total": 4}
+    assert pull_progress(str(root), entries, inodes) == {
+        "bytes_done": 1460, "bytes_total": 1810, "files_done": 2, "files_total": 4}
     # A partial longer than the manifest says (a changed file on the head) counts no more than the file.
     (root / "d.bin.partial").write_bytes(b"w" * 999)
     assert pull_progress(str(root), entries, inodes)["bytes_done"] == 1760

@@ -82,8 +82,10 @@ def _until(run, args, predicate, seconds=20.0):
 
 def test_a_background_pull_reports_its_progress_then_its_result(run_main, head, held, tmp_path):
     entries, port = head
-    run = lambda args: run_main(model_transfer.main, args)  # noqa: E731
-    big = next(e for e in entries if e["path"] == "model.safetensors")
+
+    def run(args):
+        return run_main(model_transfer.main, args)
+
     code, started = run(_args(tmp_path, entries, port, job="start"))
     assert code == 0 and started["job_state"] == "started" and started["pid"] > 0, started
     # Midway: the tokenizer is in place, the model holds at the first MiB in its .partial.
@@ -108,7 +110,10 @@ def test_a_background_pull_reports_its_progress_then_its_result(run_main, head, 
 
 def test_a_background_pull_that_fails_returns_the_message_of_the_foreground_one(run_main, head, tmp_path):
     entries, port = head
-    run = lambda args: run_main(model_transfer.main, args)  # noqa: E731
+
+    def run(args):
+        return run_main(model_transfer.main, args)
+
     wrong = [dict(e, sha256="0" * 64) if e["path"] == "sub/tokenizer.json" else e for e in entries]
     code, started = run(_args(tmp_path, wrong, port, job="start"))
     assert code == 0 and started["job_state"] == "started"
@@ -120,7 +125,10 @@ def test_a_background_pull_that_fails_returns_the_message_of_the_foreground_one(
 
 def test_nothing_to_pull_starts_nothing_and_check_mode_never_starts(run_main, head, tmp_path):
     entries, port = head
-    run = lambda args: run_main(model_transfer.main, args)  # noqa: E731
+
+    def run(args):
+        return run_main(model_transfer.main, args)
+
     code, result = run(_args(tmp_path, [], port, job="start"))
     assert code == 0 and (result["changed"], result["received"], result["bytes"]) == (False, [], 0)
     assert "job_state" not in result
