@@ -60,3 +60,38 @@ def secret_env_file(values: Mapping[str, object], what: str = "vllm_secret_env")
 def non_carry_over_with_secrets(keys: Sequence[str], secret_keys: Sequence[str] = ()) -> list[str]:
     """vLLM's non-carry-over list plus every secret key: a secret stays in the process that read it."""
     return sorted(set(keys) | set(ALWAYS_SECRET_KEYS) | {str(k) for k in secret_keys})
+
+
+REDACTED = "<redacted>"
+# What a Hugging Face token looks like (``hf_`` and 30-40 letters and digits; the API's old ``api_`` ones too),
+# and an Authorization header's value: redacted even when the value itself is not known here (a token
+# huggingface_hub found in its own login file, say).
+TOKEN_PATTERNS = (
+    re.compile(r"\b(?:hf|api)_[A-Za-z0-9]{30,}\b"),
+    re.compile(r"(?i)(\bBearer\s+)[^\s'\",;]+"),
+)
+
+
+def parse_secret_env(text: str) -> dict[str, str]:
+    """The ``KEY=value`` pairs of a file written by ``secret_env_file`` (values single-quoted for sh)."""
+    values = {}
+    for line in text.splitlines():
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        if len(words) == 1 and "=" in words[0]:
+            key, _sep, value = words[0].partition("=")
+            if _KEY.match(key):
+                values[key] = value
+    return values
+
+
+def redact(text: str, secrets: Sequence[str] = ()) -> str:
+    """``text`` with every occurrence of each secret value, and anything shaped like a token, replaced by
+    ``<redacted>``. For messages built from what a process holding a secret printed or raised."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    for pattern in TOKEN_PATTERNS:
+        text = pattern.sub(lambda m: (m.group(1) if m.lastindex else "") + REDACTED, text)
+    return text

@@ -361,6 +361,48 @@ def partial_sizes(root: str, paths: Sequence[str]) -> dict[str, int]:
     return sizes
 
 
+def final_inodes(root: str, paths: Sequence[str]) -> dict[str, int]:
+    """The inode at each path under ``root`` now (0 when there is none), taken when a pull starts.
+
+    The puller renames every received file into place from its ``.partial``, a file of its own, so a path
+    whose inode differs later was received by this pull; a wrong file already there keeps its inode.
+    """
+    inodes = {}
+    for path in paths:
+        try:
+            inodes[path] = os.lstat(os.path.join(root, path)).st_ino
+        except OSError:
+            inodes[path] = 0
+    return inodes
+
+
+def pull_progress(root: str, entries: Sequence[Mapping[str, Any]], inodes: Mapping[str, int]) -> dict[str, int]:
+    """What a running pull has on disk: bytes and files of ``entries`` received so far (``final_inodes`` at start).
+
+    A file renamed into place counts whole; one in flight counts the bytes in its ``.partial`` (resumed
+    bytes included). Read from the disk by another process while the pull runs: nothing in the pull's path.
+    """
+    done = files = total = 0
+    for entry in entries:
+        path, size = str(entry["path"]), int(entry["size"])
+        total += size
+        try:
+            st = os.lstat(os.path.join(root, path))
+            if stat.S_ISREG(st.st_mode) and st.st_ino != inodes.get(path, 0):
+                done += size
+                files += 1
+                continue
+        except OSError:
+            pass
+        try:
+            st = os.lstat(os.path.join(root, path) + PARTIAL_SUFFIX)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            done += min(st.st_size, size)
+    return {"bytes_done": done, "bytes_total": total, "files_done": files, "files_total": len(entries)}
+
+
 ANSWER_LIMIT = 65536  # an answer line from the sender; anything longer is not the protocol
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 
 import pytest
 
@@ -112,6 +113,11 @@ def test_first_run_copies_everything_over_the_fabric(monkeypatch):
     # The token never appears in the output; the tasks that carry it are censored.
     assert "censored" in json.dumps(task(data, "Start the short-lived sender")["spark1"])
     assert "token" not in json.dumps(task(data, "Pull the missing files")["spark2"])
+    # Progress (issue 20, item 8): the pull ran detached on spark2, watched by its action plugin, which printed its
+    # summary line (and progress lines, had it lasted longer than model_progress_interval) while the task ran.
+    assert re.search(r"^spark2: model pull done: 4\.0 MiB in 4 files, \d+ s, mean [\d.]+ [KMG]iB/s; "
+                     r"from 198\.18\.200\.12:29510$", output, re.M), output[-3000:]
+    assert not re.search(r"^spark1: model pull", output, re.M)
     # Nothing listens after the task.
     out = node("spark2", "import socket\ntry:\n socket.create_connection(('198.18.200.12', 29510), 2)\n print('open')\n"
                          "except OSError as e:\n print('closed', e)")
@@ -217,8 +223,11 @@ def test_a_hugging_face_cache_is_staged_as_real_files(monkeypatch):
         assert sorted(head) == ["config.json", "model.safetensors", "tokenizer/vocab.json"]
         assert not any(is_link for is_link, _sha in head.values()), head
         assert head == worker
-        # The snapshot was found in the cache (offline: nothing to download).
+        # The snapshot was found in the cache (offline: nothing to download), and the action plugin said so. The task
+        # is not no_log (issue 20, item 8): its result is shown, and the token is in none of it (asserted above).
         assert task(data, "Download the model once on the head")["spark1"]["changed"] is False
+        assert task(data, "Download the model once on the head")["spark1"]["token"] is True
+        assert "spark1: model download: %s is in the cache already, nothing to download" % HF_REPO in raw
     finally:
         for host in ("spark1", "spark2"):
             labctl("exec", host, "--", "rm", "-rf", HF_CACHE, "/var/lib/multinode-vllm/models/%s" % HF_NAME,

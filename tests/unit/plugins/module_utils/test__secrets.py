@@ -13,6 +13,8 @@ from ansible_collections.multinode.vllm.plugins.module_utils._secrets import (
     SOURCE_ARGV,
     SecretError,
     non_carry_over_with_secrets,
+    parse_secret_env,
+    redact,
     secret_env_file,
 )
 
@@ -50,3 +52,16 @@ def test_secret_keys_are_never_carried_to_ray_workers():
     assert non_carry_over_with_secrets(["VLLM_HOST_IP"], ["MY_SECRET"]) == sorted(
         {"VLLM_HOST_IP", "MY_SECRET", *ALWAYS_SECRET_KEYS})
     assert "VLLM_API_KEY" in ALWAYS_SECRET_KEYS and "HF_TOKEN" in ALWAYS_SECRET_KEYS
+
+
+TOKEN_VALUE = "hf_PlantedTokenOfTheTest0123456789abcd"
+
+
+def test_the_secret_env_file_round_trips_and_redact_covers_token_shapes():
+    text = secret_env_file({"HF_TOKEN": TOKEN_VALUE, "OTHER": "it's $x"})
+    assert parse_secret_env(text) == {"HF_TOKEN": TOKEN_VALUE, "OTHER": "it's $x"}
+    assert parse_secret_env("# comment\nnot a line\nBAD-KEY=1\nA=1 B=2\n") == {}
+    assert redact("a %s b" % TOKEN_VALUE, [TOKEN_VALUE]) == "a <redacted> b"
+    assert redact("Authorization: Bearer abc.def", []) == "Authorization: Bearer <redacted>"
+    assert redact("api_" + "k" * 34, []) == "<redacted>"
+    assert redact("hf_short and hf_transfer", []) == "hf_short and hf_transfer"  # not token-shaped: kept

@@ -690,3 +690,40 @@ def test_copy_tree_never_writes_through_a_dangling_link_at_the_partial(tmp_path)
     assert copy_tree(str(src), str(dest), link=False) == ["config.json"]
     assert not (tmp_path / "elsewhere").exists()
     assert (dest / "config.json").read_bytes() == b"{}" and not (dest / "config.json").is_symlink()
+
+
+# ---------------------------------------------------------------------------
+# Progress of a running pull, measured from the disk by another process (model_transfer job=status)
+# ---------------------------------------------------------------------------
+
+
+def test_pull_progress_counts_renamed_files_whole_and_partials_by_their_bytes(tmp_path):
+    from ansible_collections.multinode.vllm.plugins.module_utils._transfer import final_inodes, pull_progress
+
+    root = tmp_path / "w"
+    (root / "sub").mkdir(parents=True)
+    entries = [{"path": "a.safetensors", "size": 1000}, {"path": "sub/b.safetensors", "size": 500},
+               {"path": "c.json", "size": 10}, {"path": "d.bin", "size": 300}]
+    # Before the pull: a wrong copy of a (to be replaced), a partial of b left by an interrupted run.
+    (root / "a.safetensors").write_bytes(b"x" * 1000)
+    (root / "sub" / "b.safetensors.partial").write_bytes(b"y" * 200)
+    inodes = final_inodes(str(root), [e["path"] for e in entries])
+    assert inodes["c.json"] == 0 and inodes["a.safetensors"] == os.lstat(root / "a.safetensors").st_ino
+    # The wrong copy of a is not counted: same inode as when the pull started.
+    assert pull_progress(str(root), entries, inodes) == {
+        "bytes_done": 200, "bytes_total": 1810, "files_done": 0, "files_total": 4}
+    # b resumes and grows, c arrives (renamed into place from its own partial), a is replaced.
+    (root / "sub" / "b.safetensors.partial").write_bytes(b"y" * 450)
+    (root / "c.json.partial").write_bytes(b"{}" * 5)
+    os.replace(root / "c.json.partial", root / "c.json")
+    (root / "a.safetensors.partial").write_bytes(b"z" * 1000)
+    os.replace(root / "a.safetensors.partial", root / "a.safetensors")
+    assert pull_progress(str(root), entries, inodes) == {
+        "bytes_done": 1460, "bytes_total": 1810, "files_done": 2, "files_total": 4}
+    # A partial longer than the manifest says (a changed file on the head) counts no more than the file.
+    (root / "d.bin.partial").write_bytes(b"w" * 999)
+    assert pull_progress(str(root), entries, inodes)["bytes_done"] == 1760
+    # A link planted at a partial is not the puller's: not counted.
+    os.unlink(root / "d.bin.partial")
+    os.symlink("/etc/hostname", str(root / "d.bin.partial"))
+    assert pull_progress(str(root), entries, inodes)["bytes_done"] == 1460
