@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """What a Hugging Face download's outcome means for the user: the result, or the cause and the fix.
 
-``_hf_download`` (run by the node runtime's python) reports facts: ``kind`` (``gated``, ``repo``,
+``_node_hf_download`` (run by the node runtime's python) reports facts: ``kind`` (``gated``, ``repo``,
 ``revision``, ``auth``, ``offline``, ``network``, ``disk``...), the HTTP status, the exception's class and
 text. Here they become a message that names the host, the repo, the variable to change and how, and carries no
 secret: every string of the result goes through ``_secrets.redact`` with the token's value (and anything

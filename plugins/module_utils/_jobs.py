@@ -29,12 +29,13 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from ansible_collections.multinode.vllm.plugins.module_utils._detach import run_detached
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 
 JOB_FILE = "job.json"
 RESULT_FILE = "result.json"
 
 
-class JobError(Exception):
+class JobError(MultinodeError):
     """A job cannot be started or read; the message names the job directory and what to do."""
 
 

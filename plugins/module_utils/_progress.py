@@ -31,6 +31,8 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Mapping, Optional
 
+from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 # The rate is taken over the samples of the last WINDOW seconds (at least two samples).
@@ -81,7 +83,7 @@ def format_duration(seconds: float) -> str:
     return "%d h %02d min" % (total // 3600, total % 3600 // 60)
 
 
-class ProgressError(ValueError):
+class ProgressError(MultinodeError, ValueError):
     """A sample that is not one (missing or negative numbers); the message names the field."""
 
 

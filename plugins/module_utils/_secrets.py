@@ -17,6 +17,7 @@ Pure: no Ansible imports, no I/O.
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Mapping, Sequence
 
@@ -82,7 +83,7 @@ def parse_secret_env(text: str) -> dict[str, str]:
             continue
         if len(words) == 1 and "=" in words[0]:
             key, _sep, value = words[0].partition("=")
-            if _KEY.match(key):
+            if is_env_key(key):
                 values[key] = value
     return values
 

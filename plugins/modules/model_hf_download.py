@@ -155,7 +155,6 @@ progress:
   type: dict
 """
 
-import inspect
 import os
 import subprocess
 import tempfile
@@ -163,9 +162,10 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.multinode.vllm.plugins.module_utils import _hf_download
+from ansible_collections.multinode.vllm.plugins.module_utils import _node_hf_download
 from ansible_collections.multinode.vllm.plugins.module_utils._hf import download_result, redact_all
 from ansible_collections.multinode.vllm.plugins.module_utils._jobs import JobError, claim, job_state, start_job, write_json
+from ansible_collections.multinode.vllm.plugins.module_utils._scripts import script_argv
 from ansible_collections.multinode.vllm.plugins.module_utils._secrets import SOURCE_ARGV, parse_secret_env, redact
 
 WHAT = "Hugging Face download"
@@ -192,7 +192,7 @@ def _secrets(p: dict) -> list:
 
 def _command(p: dict, job_dir: str) -> list:
     """The download's argv: no secret in it (the token file's path only)."""
-    program = [p["python"], "-c", inspect.getsource(_hf_download), job_dir]
+    program = script_argv([p["python"]], _node_hf_download, job_dir)
     return list(SOURCE_ARGV) + [p["token_file"]] + program if p["token_file"] else program
 
 
@@ -208,7 +208,7 @@ def _environment(p: dict) -> dict:
 def download(p: dict, job_dir: str, check: bool, secrets: list) -> dict:
     """Run the download (or only its plan, ``check``) to its end; the module's result, redacted."""
     request = _request(p)
-    write_json(os.path.join(job_dir, _hf_download.REQUEST), dict(request, check=check))
+    write_json(os.path.join(job_dir, _node_hf_download.REQUEST), dict(request, check=check))
     log = os.path.join(job_dir, "output.log")
     with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as output:
         try:
@@ -221,10 +221,10 @@ def download(p: dict, job_dir: str, check: bool, secrets: list) -> dict:
         handle.seek(max(0, os.fstat(handle.fileno()).st_size - STDERR_KEPT))
         printed = handle.read().decode("utf-8", "replace")
     os.unlink(log)
-    outcome = _hf_download.read_json(os.path.join(job_dir, _hf_download.OUTCOME))
+    outcome = _node_hf_download.read_json(os.path.join(job_dir, _node_hf_download.OUTCOME))
     result = download_result(p["host"], request, outcome, returncode, printed, secrets)
     if outcome is not None:
-        os.unlink(os.path.join(job_dir, _hf_download.OUTCOME))
+        os.unlink(os.path.join(job_dir, _node_hf_download.OUTCOME))
     return result
 
 
@@ -239,11 +239,11 @@ def status(p: dict, job_dir: str) -> dict:
         return {"failed": True, "job_state": "lost", "kind": "crashed",
                 "msg": "%s: the %s (pid %s) ended without a result (killed? out of memory?); run again (files "
                        "already in the cache are kept)" % (p["host"], WHAT, job.get("pid"))}
-    plan = _hf_download.read_json(os.path.join(job_dir, _hf_download.PLAN))
+    plan = _node_hf_download.read_json(os.path.join(job_dir, _node_hf_download.PLAN))
     if not isinstance(plan, dict):
         progress = {"phase": "checking the cache and asking the Hub for the files of %s" % p["repo_id"]}
     else:
-        progress = dict(_hf_download.measure(plan, plan.get("ignore", [])), phase="downloading")
+        progress = dict(_node_hf_download.measure(plan, plan.get("ignore", [])), phase="downloading")
     progress["t"] = time.monotonic()
     return {"changed": False, "job_state": "running", "progress": progress, "pid": job.get("pid")}
 

@@ -16,6 +16,10 @@ from ansible_collections.multinode.vllm.plugins.module_utils._errors import Mult
 def _defined_exceptions() -> dict[str, type]:
     found = {}
     for info in pkgutil.iter_modules(module_utils.__path__):
+        if info.name.startswith("_node_"):
+            # A node script is a whole program that imports nothing of the collection (test_conventions.py): its
+            # exceptions are raised and handled inside it, and only its printed result reaches a module.
+            continue
         module = importlib.import_module("%s.%s" % (module_utils.__name__, info.name))
         for name, value in vars(module).items():
             if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module.__name__:

@@ -24,8 +24,8 @@ import threading
 
 import pytest
 
-from ansible_collections.multinode.vllm.plugins.module_utils import _hf_download
-from ansible_collections.multinode.vllm.plugins.module_utils._hf_download import (
+from ansible_collections.multinode.vllm.plugins.module_utils import _node_hf_download
+from ansible_collections.multinode.vllm.plugins.module_utils._node_hf_download import (
     PLAN,
     DiskSpaceError,
     classify,
@@ -191,7 +191,7 @@ def test_a_sparse_incomplete_file_counts_its_written_blocks_not_its_length(tmp_p
 
 def test_no_room_for_the_missing_files_fails_before_downloading(tmp_path, monkeypatch):
     fake = FakeDownloader(str(tmp_path / "cache"), {"big.safetensors": os.urandom(1000)})
-    monkeypatch.setattr(_hf_download, "free_space", lambda path: (str(tmp_path), 999))
+    monkeypatch.setattr(_node_hf_download, "free_space", lambda path: (str(tmp_path), 999))
     outcome = download(str(tmp_path), _request(tmp_path), plan_of=fake.plan, snapshot=fake)
     assert outcome["ok"] is False and outcome["kind"] == "disk"
     assert (outcome["needed"], outcome["free"], outcome["where"]) == (1000, 999, str(tmp_path))
@@ -307,7 +307,7 @@ def test_the_file_runs_standalone_under_another_python_without_the_collection(tm
 
     request = tmp_path / "request.json"
     request.write_text(json.dumps(_request(tmp_path)))
-    source = open(_hf_download.__file__).read()
+    source = open(_node_hf_download.__file__).read()
     proc = subprocess.run([sys.executable, "-I", "-c", source, str(tmp_path)], capture_output=True, text=True,
                           env={"PATH": os.environ.get("PATH", ""), "HF_TOKEN": "hf_" + "Q" * 34}, check=False)
     outcome = json.loads((tmp_path / "outcome.json").read_text())
