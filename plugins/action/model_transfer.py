@@ -62,13 +62,14 @@ class ActionModule(ActionBase):
         watched = args.get("mode") == "pull" and args.get("job", "run") == "run" and interval > 0
         if not watched or self._task.check_mode:
             result.update(self._module(task_vars, args, args.get("job", "run")))
+            pull_run = args.get("mode") == "pull" and args.get("job", "run") == "run"
+            received = bool(result.get("received")) and not result.get("failed")
             if args.get("mode") == "pull" and self._task.check_mode and not result.get("failed"):
                 files = args.get("files") or []
                 display.display("%s: %s (check mode) would receive %d file%s, %s" % (
                     host, WHAT, len(files), "" if len(files) == 1 else "s",
                     format_bytes(sum(int(f.get("size") or 0) for f in files if isinstance(f, dict)))))
-            elif (args.get("mode") == "pull" and args.get("job", "run") == "run" and result.get("received")
-                  and not result.get("failed")):
+            elif pull_run and received:
                 display.display(summarize(host, result))
             return result
         result.update(run_watched(lambda job: self._module(task_vars, args, job), display.display, host, WHAT,

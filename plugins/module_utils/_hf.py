@@ -46,11 +46,12 @@ def failure_message(host: str, request: Mapping[str, Any], outcome: Mapping[str,
     kind = outcome.get("kind")
     said = _said(outcome)
     if kind == "disk":
+        measured = "" if outcome.get("needed") is not None else said
         return ("%s: not enough disk space for %s in the Hugging Face cache on %s: needs %s (%s bytes), %s (%s bytes) "
-                "free; free space there or set model_hf_cache_dir to a larger filesystem"
+                "free; free space there or set model_hf_cache_dir to a larger filesystem%s"
                 % (host, repo, outcome.get("where") or cache, format_bytes(outcome.get("needed") or 0),
-                   outcome.get("needed", "?"), format_bytes(outcome.get("free") or 0), outcome.get("free", "?"))
-                + ("" if outcome.get("needed") is not None else said))
+                   outcome.get("needed", "?"), format_bytes(outcome.get("free") or 0), outcome.get("free", "?"),
+                   measured))
     if kind == "gated":
         who = ("the account of the token in model_hf_token has not been granted access" if token else
                "no token was given (model_hf_token is empty)")
