@@ -16,8 +16,6 @@ download sources it from ``token_file``), so nothing here needs ``no_log``. The 
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleError
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.multinode.vllm.plugins.module_utils._progress import (
@@ -25,6 +23,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._progress import (
     run_watched,
     summary_line,
 )
+from ansible_collections.multinode.vllm.plugins.plugin_utils._watched_job import WatchedJobAction
 
 display = Display()
 MODULE = "multinode.vllm.model_hf_download"
@@ -44,16 +43,8 @@ def summarize(host: str, repo: str, result) -> str:
                         "%s at %s" % (repo, str(result.get("commit") or "")[:12]) if result.get("commit") else repo)
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-
-    def _module(self, task_vars, args, job):
-        try:
-            return self._execute_module(module_name=MODULE, module_args=dict(args, job=job), task_vars=task_vars)
-        except AnsibleError as exc:  # one status run that did not reach the node: the watch retries it
-            if job != "status":
-                raise
-            return {"failed": True, "msg": str(exc)}
+class ActionModule(WatchedJobAction):
+    MODULE = MODULE
 
     def run(self, tmp=None, task_vars=None):
         self._supports_check_mode = True
@@ -62,10 +53,7 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         host = str(args.get("host") or task_vars.get("inventory_hostname", ""))
         repo = str(args.get("repo_id") or "")
-        try:
-            interval = float(args.get("progress_interval", 5))
-        except (TypeError, ValueError):
-            interval = 0.0  # the module refuses the value, naming it
+        interval = self._interval(args)
         if args.get("job", "run") != "run" or interval <= 0 or self._task.check_mode:
             result.update(self._module(task_vars, args, args.get("job", "run")))
             if args.get("job", "run") == "run" and not result.get("failed"):

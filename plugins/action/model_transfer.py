@@ -17,8 +17,6 @@ lines interleave, each naming its host. The loop and the wording: ``module_utils
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleError
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.multinode.vllm.plugins.module_utils._progress import (
@@ -26,6 +24,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._progress import (
     run_watched,
     summary_line,
 )
+from ansible_collections.multinode.vllm.plugins.plugin_utils._watched_job import WatchedJobAction
 
 display = Display()
 MODULE = "multinode.vllm.model_transfer"
@@ -38,16 +37,8 @@ def summarize(host: str, result) -> str:
                         result.get("seconds") or 0, "from %s" % result.get("server") if result.get("server") else "")
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-
-    def _module(self, task_vars, args, job):
-        try:
-            return self._execute_module(module_name=MODULE, module_args=dict(args, job=job), task_vars=task_vars)
-        except AnsibleError as exc:  # one status run that did not reach the node: the watch retries it
-            if job != "status":
-                raise
-            return {"failed": True, "msg": str(exc)}
+class ActionModule(WatchedJobAction):
+    MODULE = MODULE
 
     def run(self, tmp=None, task_vars=None):
         self._supports_check_mode = True
@@ -55,21 +46,17 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         args = dict(self._task.args)
         host = str(args.get("host") or task_vars.get("inventory_hostname", ""))
-        try:
-            interval = float(args.get("progress_interval", 5))
-        except (TypeError, ValueError):
-            interval = 0.0  # the module refuses the value, naming it
+        interval = self._interval(args)
         watched = args.get("mode") == "pull" and args.get("job", "run") == "run" and interval > 0
         if not watched or self._task.check_mode:
             result.update(self._module(task_vars, args, args.get("job", "run")))
-            pull_run = args.get("mode") == "pull" and args.get("job", "run") == "run"
-            received = bool(result.get("received")) and not result.get("failed")
-            if args.get("mode") == "pull" and self._task.check_mode and not result.get("failed"):
+            pull = args.get("mode") == "pull" and not result.get("failed")
+            if pull and self._task.check_mode:
                 files = args.get("files") or []
                 display.display("%s: %s (check mode) would receive %d file%s, %s" % (
                     host, WHAT, len(files), "" if len(files) == 1 else "s",
                     format_bytes(sum(int(f.get("size") or 0) for f in files if isinstance(f, dict)))))
-            elif pull_run and received:
+            elif pull and args.get("job", "run") == "run" and result.get("received"):
                 display.display(summarize(host, result))
             return result
         result.update(run_watched(lambda job: self._module(task_vars, args, job), display.display, host, WHAT,
