@@ -42,12 +42,21 @@ options:
     description: Path of the rendered env file.
     type: str
     required: true
+  env_files:
+    description:
+      - The process's own env files (vllm serve's environment, its 0600 secret file), read after O(env_file), a
+        later file winning. When set, the process runs through the launcher under every runtime (with
+        O(python) and O(launcher); under docker the launcher's and the files' directories are mounted read only),
+        so neither systemd nor docker reads them and no value reaches a unit, C(docker inspect) or a command line.
+    type: list
+    elements: str
+    default: []
   python:
-    description: Interpreter that runs the launcher (process runtime).
+    description: Interpreter that runs the launcher (process runtime, or any runtime with O(env_files)).
     type: str
     default: ""
   launcher:
-    description: Path of the launcher (process runtime).
+    description: Path of the launcher (process runtime, or any runtime with O(env_files)).
     type: str
     default: ""
   log_dir:
@@ -114,13 +123,14 @@ from ansible_collections.multinode.vllm.plugins.module_utils._runtime import Run
 def node_runtime(env, runtime, name, program, args, env_file, python="", launcher="", log_dir="/var/log/multinode-vllm",
                  run_dir="/run/multinode-vllm", include_dir="/etc/multinode-vllm/supervisor.d",
                  image="", model_dir=None, shm_size="16g", gpus="all", role=None, restart_on=None,
-                 image_var=""):
+                 image_var="", env_files=()):
     try:
         return render(
             str(runtime), str(name), {str(k): str(v) for k, v in dict(env).items()}, str(program),
             [str(a) for a in args], str(env_file), python=str(python), launcher=str(launcher), log_dir=str(log_dir),
             run_dir=str(run_dir), include_dir=str(include_dir), image=str(image or ""), model_dir=model_dir, shm_size=str(shm_size), gpus=str(gpus), role=role,
             restart_on=dict(restart_on) if restart_on else None, image_var=str(image_var or ""),
+            env_files=[str(path) for path in (env_files or [])],
         )
     except RuntimeConfigError as exc:
         raise AnsibleFilterError(str(exc))

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: secret_env_file
-short_description: The text of a secret env file (KEY='value' lines) for a process to source at start
+short_description: The text of a secret env file for a process to read at start
 version_added: 0.1.0
 description:
   - Secret environment values go to a file (mode 0600, written with P(multinode.vllm.node_files#module)'s
     O(multinode.vllm.node_files#module:secret_files), never diffed or printed), which the program reads at start
-    through C(/bin/sh -c 'set -a && . "$0" && set +a && exec "$@"' FILE PROGRAM ARGS...). So the values never appear
-    on a command line, in a unit file, a supervisor section or C(docker inspect).
-  - Values are single-quoted for sh (any text but NUL comes back unchanged). Keys must be environment variable
-    names. Errors name the variable and the key, never the value.
+    through C(/bin/sh -c 'set -a && . "$0" && set +a && exec "$@"' FILE PROGRAM ARGS...) (O(reader=sh)), or
+    through the env-file launcher C(multinode-env-exec) with the process's other env files (O(reader=launcher)).
+    So the values never appear on a command line, in a unit file, a supervisor section or C(docker inspect).
+  - O(reader=sh) single-quotes values for sh (any text but NUL comes back unchanged); O(reader=launcher) writes
+    them as they are (docker C(--env-file) rules), so a value may not hold a line break. Keys must be environment
+    variable names. Errors name the variable and the key, never the value.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -24,6 +26,11 @@ options:
     description: The inventory variable the values come from (named in errors).
     type: str
     default: vllm_secret_env
+  reader:
+    description: What reads the file; C(sh) for the C(/bin/sh) prefix, C(launcher) for C(multinode-env-exec).
+    type: str
+    choices: [sh, launcher]
+    default: sh
 """
 
 EXAMPLES = r"""
@@ -31,7 +38,7 @@ EXAMPLES = r"""
   multinode.vllm.node_files:
     secret_files:
       - path: /etc/multinode-vllm/vllm-api.env
-        content: "{{ vllm_secret_env | multinode.vllm.secret_env_file }}"
+        content: "{{ vllm_secret_env | multinode.vllm.secret_env_file(reader='launcher') }}"
         mode: "0600"
 """
 
@@ -47,9 +54,9 @@ from ansible_collections.multinode.vllm.plugins.module_utils._secrets import Sec
 from ansible_collections.multinode.vllm.plugins.module_utils._secrets import secret_env_file as _render
 
 
-def secret_env_file(values, what="vllm_secret_env"):
+def secret_env_file(values, what="vllm_secret_env", reader="sh"):
     try:
-        return _render(dict(values or {}), what=str(what))
+        return _render(dict(values or {}), what=str(what), reader=str(reader))
     except SecretError as exc:
         raise AnsibleFilterError(str(exc)) from None
 

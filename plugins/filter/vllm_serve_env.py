@@ -5,13 +5,14 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: vllm_serve_env
-short_description: The C(/usr/bin/env KEY=VALUE) words of vllm serve, every key and value checked
+short_description: The text of vllm serve's own env file, every key and value checked
 version_added: 0.1.0
 description:
   - C(VLLM_CACHE_ROOT), C(RAY_ADDRESS) (backend ray), C(HF_HOME), C(HF_HUB_OFFLINE)/C(TRANSFORMERS_OFFLINE), then
-    O(_input) (C(vllm_env)), which may replace them; a null value leaves its key out. Sorted by key.
-  - Fails naming the variable when a key is not an environment variable name (a key starting with C(-) would be an
-    option of C(/usr/bin/env), one holding C(=) part of a value) or a value holds a line break or NUL.
+    O(_input) (C(vllm_env)), which may replace them; a null value leaves its key out. C(KEY=VALUE) lines sorted by
+    key, values as they are; the env-file launcher C(multinode-env-exec) reads the file after the node env file.
+  - Fails naming the variable when a key is not an environment variable name (the launcher splits a line at its
+    first C(=)) or a value holds a line break or NUL.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -37,27 +38,26 @@ options:
 """
 
 EXAMPLES = r"""
-- name: Compute the environment words of vllm serve
+- name: Compute the env file of vllm serve
   ansible.builtin.set_fact:
-    serve_env_words: "{{ vllm_env | multinode.vllm.vllm_serve_env(cache_root='/var/lib/multinode-vllm/cache/vllm') }}"
+    serve_env_text: "{{ vllm_env | multinode.vllm.vllm_serve_env(cache_root='/var/lib/multinode-vllm/cache/vllm') }}"
 """
 
 RETURN = r"""
 _value:
-  description: C(KEY=VALUE) words, sorted by key.
-  type: list
-  elements: str
+  description: The file's text, C(KEY=VALUE) lines sorted by key.
+  type: str
 """
 
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.multinode.vllm.plugins.module_utils._serve import ServeError, serve_env_words
+from ansible_collections.multinode.vllm.plugins.module_utils._serve import ServeError, serve_env_file
 
 
 def vllm_serve_env(extra, cache_root, ray_address="", hf_home="", hf_offline=False):
     try:
-        return serve_env_words(str(cache_root), ray_address=str(ray_address or ""), hf_home=str(hf_home or ""),
+        return serve_env_file(str(cache_root), ray_address=str(ray_address or ""), hf_home=str(hf_home or ""),
                                hf_offline=boolean(hf_offline, strict=False), extra=dict(extra or {}))
     except ServeError as exc:
         raise AnsibleFilterError(str(exc))

@@ -11,7 +11,6 @@ no I/O.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -158,11 +157,6 @@ def non_carry_over_keys(envs_by_host: Mapping[str, Mapping[str, str]]) -> list[s
     return sorted(keys)
 
 
-def non_carry_over_json(envs_by_host: Mapping[str, Mapping[str, str]]) -> str:
-    """Content of vLLM's ray_non_carry_over_env_vars.json (a JSON list)."""
-    return json.dumps(non_carry_over_keys(envs_by_host), indent=2) + "\n"
-
-
 def carry_over_hazards(
     envs_by_host: Mapping[str, Mapping[str, str]], listed: Sequence[str]
 ) -> list[str]:
@@ -207,18 +201,20 @@ def env_file_value_error(key: str, value: str) -> Optional[str]:
     return None
 
 
-def env_file(env: Mapping[str, str]) -> str:
-    """KEY=VALUE lines, read identically by docker --env-file, systemd EnvironmentFile and the launcher.
+def env_file(env: Mapping[str, Any], systemd: bool = True) -> str:
+    """KEY=VALUE lines, sorted, read identically by docker --env-file, systemd EnvironmentFile and the launcher.
 
-    Values are written raw (no quotes) because docker's env-file format takes them literally; a value the three
-    readers would not read alike (a line break, NUL, a quote, a backslash, a leading or trailing blank) is refused.
+    Values are written raw (no quotes) because docker's env-file format takes them literally; a value that is not
+    one line (a line break, NUL) is refused, and so, unless ``systemd`` is false, is a value the three readers would
+    not read alike (a quote, a backslash, a leading or trailing blank). ``systemd=False`` is for a file only the
+    launcher reads (``_node_env_exec``: vllm serve's own env file), which keeps such values as they are.
     """
     lines = []
     for key in sorted(env):
         _check_key(key, "env file")
         value = str(env[key])
         _check_line("env file value of %s" % key, value)
-        error = env_file_value_error(key, value)
+        error = env_file_value_error(key, value) if systemd else None
         if error:
             raise EnvError(error)
         lines.append("%s=%s" % (key, value))

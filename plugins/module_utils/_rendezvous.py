@@ -17,13 +17,14 @@ import hashlib
 import json
 from typing import Any, Mapping, Optional, Sequence
 
-from ansible_collections.multinode.vllm.plugins.module_utils._checks import is_env_key
 from ansible_collections.multinode.vllm.plugins.module_utils._env import (
     CARRIED_PREFIXES,
     NON_CARRY_OVER_FILE,
     carry_over_hazards,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import EnvFileError
+from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import parse_env_file as parse_env_text
 from ansible_collections.multinode.vllm.plugins.module_utils._node_rendezvous_rank import MARKER
 
 # Keys of the node environment the module returns to the controller: what the
@@ -53,22 +54,13 @@ class RendezvousError(MultinodeError):
 
 
 def parse_env_file(text: str, path: str = "env file") -> dict[str, str]:
-    """Parse the KEY=VALUE lines ``_env.env_file`` writes (values raw, no quotes).
-
-    Blank lines and ``#`` comments are skipped; anything else without ``=`` is
-    an error naming the line.
+    """The variables of a node's env file, by the launcher's rules (``_node_env_exec.parse_env_file``, the one
+    env-file parser: docker ``--env-file``'s, values literal); a bad line is an error naming the file and the line.
     """
-    env: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        key = key.strip()
-        if not sep or not is_env_key(key):
-            raise RendezvousError("%s line %d is not KEY=VALUE: %r" % (path, number, line))
-        env[key] = value
-    return env
+    try:
+        return parse_env_text(text, path)
+    except EnvFileError as exc:
+        raise RendezvousError(str(exc))
 
 
 def returned_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -11,8 +11,13 @@ argument list after the program name) and renders it for one runtime:
 - ``docker``: ``community.docker.docker_container`` parameters.
 
 No runtime writes its own copy of the environment: the env file rendered by
-``_env.env_file`` is read by all three (supervisord through a tiny launcher,
-systemd through ``EnvironmentFile=``, docker through ``env_file``).
+``_env.env_file`` is read by all three (supervisord through the launcher,
+``_node_env_exec``; systemd through ``EnvironmentFile=``; docker through
+``env_file``). A process with env files of its own (``env_files``: vllm serve's
+environment and its 0600 secret file) runs through the launcher under every
+runtime, which reads the node env file and then those, in one layer: systemd
+would read their values differently, and docker's ``env_file`` would show a
+secret in ``docker inspect``.
 
 ``config_hash`` is the restart trigger: it changes exactly when the
 environment, the arguments or the runtime settings change, and is carried in
@@ -31,6 +36,7 @@ import shlex
 from typing import Any, Mapping, Optional, Sequence
 
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import MORE as LAUNCHER_MORE
 from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
 
 RUNTIMES = ("process", "systemd", "docker")
@@ -85,9 +91,12 @@ def config_hash(env: Mapping[str, str], args: Sequence[str], extra: Optional[Map
 # ---------------------------------------------------------------------------
 
 
-def launcher_command(python: str, launcher: str, env_file_path: str, program: str, args: Sequence[str]) -> list[str]:
-    """The command supervisord runs: the launcher loads the env file, then execs the program."""
-    return [python, launcher, env_file_path, program] + [str(a) for a in args]
+def launcher_command(python: str, launcher: str, env_file_path: str, program: str, args: Sequence[str],
+                     env_files: Sequence[str] = ()) -> list[str]:
+    """The command the runtime runs: the launcher loads the env file (then each of ``env_files``, a later file
+    winning), then execs the program."""
+    more = [word for path in env_files for word in (LAUNCHER_MORE, str(path))]
+    return [python, launcher, env_file_path, *more, program] + [str(a) for a in args]
 
 
 def _supervisor_value(value: str) -> str:
@@ -250,6 +259,8 @@ def docker_container_params(
     gpus: str = "all",
     infiniband: bool = True,
     role: Optional[str] = None,
+    command: Optional[Sequence[str]] = None,
+    read_dirs: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Parameters of ``community.docker.docker_container`` for one node process.
 
@@ -257,11 +268,14 @@ def docker_container_params(
     GPUs through a device request, ``/dev/infiniband`` and ``IPC_LOCK`` with
     unlimited memlock for RDMA, a sized ``/dev/shm``, the model directory read
     only, the env file, and ``--restart unless-stopped``.
+
+    ``command`` replaces ``program args`` (the launcher's command, which reads env files inside the container);
+    ``read_dirs`` are more host directories it needs, bind-mounted read only at the same paths.
     """
     _check_name(name, "container name")
     # Docker passes argv as a list, but NUL ends a word in execve and the env file is line based.
     _check_lines("container %s" % name,
-                 [*_command_words([program, *args]), ("env_file", env_file_path), ("image", image)])
+                 [*_command_words(command or [program, *args]), ("env_file", env_file_path), ("image", image)])
     if not image:
         raise RuntimeConfigError("container %s: no image given; set the image variable" % name)
     if gpus == "all":
@@ -279,7 +293,7 @@ def docker_container_params(
         "name": name,
         "image": image,
         "state": "started",
-        "command": [program] + [str(a) for a in args],
+        "command": [str(word) for word in command] if command else [program] + [str(a) for a in args],
         "env_file": env_file_path,
         "env": {HASH_ENV: digest},
         "network_mode": "host",
@@ -295,8 +309,10 @@ def docker_container_params(
         params["devices"] = ["/dev/infiniband:/dev/infiniband:rwm"]
     # The env file's directory, read only: vLLM's non-carry-over list and Ray's token file live there, at the
     # paths the env file names.
-    mounts = [{"type": "bind", "source": posixpath.dirname(env_file_path), "target": posixpath.dirname(env_file_path),
-               "read_only": True}]
+    mounts = []
+    for folder in [posixpath.dirname(env_file_path), *read_dirs]:
+        if folder not in [mount["source"] for mount in mounts]:
+            mounts.append({"type": "bind", "source": folder, "target": folder, "read_only": True})
     if model_dir:
         mounts.append({"type": "bind", "source": model_dir, "target": model_dir, "read_only": True})
     params["mounts"] = mounts
@@ -322,6 +338,7 @@ def render(
     role: Optional[str] = None,
     restart_on: Optional[Mapping[str, Any]] = None,
     image_var: str = "",
+    env_files: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Everything a role needs for one process under ``runtime``, with its config hash.
 
@@ -329,10 +346,21 @@ def render(
 
     ``restart_on`` holds values that are not in the env or the arguments but must restart the process when they
     change, such as the digest of a secret file the process reads at start (never the secret itself).
+
+    ``env_files`` are the process's own env files, read after ``env_file_path`` by the launcher under every runtime
+    (``python`` is then the interpreter that runs it: the node venv's, or the container's ``python3``).
     """
     if runtime not in RUNTIMES:
         raise RuntimeConfigError("runtime %r is not one of %s" % (runtime, ", ".join(RUNTIMES)))
     extra: dict[str, Any] = {"runtime": runtime, "program": program}
+    env_files = [str(path) for path in env_files]
+    if env_files:
+        extra["env_files"] = env_files
+        if not python or not launcher:
+            raise RuntimeConfigError("%s: env files of its own need the launcher and the python that runs it" % name)
+        for path in env_files:
+            if not path.startswith("/"):
+                raise RuntimeConfigError("%s: an env file needs an absolute path; got %r" % (name, path))
     if restart_on:
         extra["restart_on"] = {str(k): str(v) for k, v in restart_on.items()}
     if runtime == "docker":
@@ -348,15 +376,20 @@ def render(
     if runtime == "process":
         if not python or not launcher:
             raise RuntimeConfigError("runtime process needs the launcher and the python that runs it")
-        command = launcher_command(python, launcher, env_file_path, program, args)
+        command = launcher_command(python, launcher, env_file_path, program, args, env_files)
         result["command"] = command
         result["supervisor_program"] = supervisor_program(name, command, digest, log_dir)
         result["supervisord_config"] = supervisord_config(run_dir, log_dir, include_dir)
     elif runtime == "systemd":
+        if env_files:
+            command = launcher_command(python, launcher, env_file_path, program, args, env_files)
+            program, args = command[0], command[1:]
         result["systemd_unit"] = systemd_unit("multinode.vllm %s" % name, env_file_path, program, args, digest)
     else:
+        launched = launcher_command(python, launcher, env_file_path, program, args, env_files) if env_files else None
+        read_dirs = [posixpath.dirname(path) for path in [launcher, *env_files]] if env_files else []
         result["docker"] = docker_container_params(
             name, image, env_file_path, program, args, digest, model_dir=model_dir, shm_size=shm_size, gpus=gpus,
-            role=role,
+            role=role, command=launched, read_dirs=read_dirs,
         )
     return result

@@ -1,7 +1,7 @@
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Secret environment values: one 0600 file per process, sourced at start, never on a command line.
+"""Secret environment values: one 0600 file per process, read at start, never on a command line.
 
 A value passed through Ansible's ``environment:`` or written as an ``env KEY=VALUE`` word is visible in
 ``/proc/*/cmdline``, in unit files, supervisor sections and ``docker inspect``. A secret instead goes to a
@@ -11,6 +11,10 @@ reads when it starts:
     /bin/sh -c 'set -a && . "$0" && set +a && exec "$@"' FILE PROGRAM ARGS...
 
 ``SOURCE_ARGV`` is that prefix. Values are single-quoted for sh, so any byte but NUL survives unchanged.
+
+vllm serve's secret file is read instead by the launcher that reads its other env files (``_node_env_exec``, one
+layer, docker ``--env-file``'s rules): ``secret_env_file(..., reader="launcher")`` writes it, values as they are,
+one line each.
 
 Pure: no Ansible imports, no I/O.
 """
@@ -23,6 +27,7 @@ from typing import Mapping, Sequence
 
 from ansible_collections.multinode.vllm.plugins.module_utils._checks import is_env_key
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._text import LINE_BREAKS
 
 # The argv prefix that reads a secret env file and runs the program with its variables exported.
 SOURCE_ARGV = ("/bin/sh", "-c", 'set -a && . "$0" && set +a && exec "$@"')
@@ -35,12 +40,18 @@ class SecretError(MultinodeError, ValueError):
     """A secret variable that cannot be written; the message names the variable, never the value."""
 
 
-def secret_env_file(values: Mapping[str, object], what: str = "vllm_secret_env") -> str:
-    """The text of a secret env file: ``KEY='value'`` lines, sorted, for ``SOURCE_ARGV``.
+READERS = ("sh", "launcher")
+
+
+def secret_env_file(values: Mapping[str, object], what: str = "vllm_secret_env", reader: str = "sh") -> str:
+    """The text of a secret env file, sorted: ``KEY='value'`` lines for ``SOURCE_ARGV`` (``reader`` sh), or
+    ``KEY=value`` lines for the launcher (``reader`` launcher: literal values, so no line break in one).
 
     Keys must be environment variable names; values any text without NUL (a NUL cannot be in an environment).
     Errors name the variable and the key, never the value.
     """
+    if reader not in READERS:
+        raise SecretError("%s: reader must be one of %s; got %r" % (what, ", ".join(READERS), reader))
     lines = []
     for key in sorted(values):
         value = values[key]
@@ -54,7 +65,15 @@ def secret_env_file(values: Mapping[str, object], what: str = "vllm_secret_env")
         if "\0" in text:
             raise SecretError("%s.%s: the value contains a NUL byte, which no environment can carry; remove it"
                               % (what, key))
-        lines.append("%s=%s" % (key, shlex.quote(text)))
+        if reader == "launcher":
+            char = next((c for c in text if c in LINE_BREAKS), None)
+            if char is not None:
+                raise SecretError("%s.%s: the value contains a line break (%r at position %d), which an env file "
+                                  "cannot carry (one KEY=VALUE per line); write it on one line"
+                                  % (what, key, char, text.index(char)))
+            lines.append("%s=%s" % (key, text))
+        else:
+            lines.append("%s=%s" % (key, shlex.quote(text)))
     return "".join(line + "\n" for line in lines)
 
 

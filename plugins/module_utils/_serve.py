@@ -1,14 +1,15 @@
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""vLLM serve's command lines: its arguments, its sizing check, its environment words.
+"""vLLM serve's command line and environment: its arguments, its sizing check, its own env file.
 
 - ``serve_args``: the ``vllm serve`` argument list for backend ``ray`` (head
   only, Ray executor) or ``native`` (every node, ``--nnodes``/``--node-rank``,
   ranks above 0 ``--headless``).
 - ``check_parallel``: tensor * pipeline parallel size against nodes and GPUs.
-- ``serve_env_words``: the ``/usr/bin/env KEY=VALUE`` words of vllm serve
-  (its settings, then ``vllm_env``), every key and value checked.
+- ``serve_environment`` / ``serve_env_file``: vllm serve's own environment (its
+  settings, then ``vllm_env``), every key and value checked, and the text of
+  the env file the launcher reads after the node's (``_node_env_exec``).
 
 Whether the server came up is ``_serve_ready.py``'s; why it did not, ``_serve_failure.py``'s.
 Pure: no Ansible imports, no I/O.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from ansible_collections.multinode.vllm.plugins.module_utils._checks import is_env_key, port_number
+from ansible_collections.multinode.vllm.plugins.module_utils._env import env_file
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
 
@@ -175,19 +177,19 @@ def serve_args(
     return args
 
 
-def env_prefix(env: Mapping[str, Any], variable: str = "the serve environment") -> list[str]:
-    """``KEY=VALUE`` words for ``/usr/bin/env`` (serve-only settings), sorted; a None value leaves its key out.
+def checked_env(env: Mapping[str, Any], variable: str = "the serve environment") -> dict[str, str]:
+    """``env`` with every key and value checked, as strings; a None value leaves its key out.
 
-    GNU env reads a word starting with '-' before the first ``KEY=VALUE`` as an option (``--split-string``
-    runs a shell) and splits a word at its first '=', so a key must be a plain variable name.
+    The launcher reads env files by docker ``--env-file``'s rules: a line splits at its first '=' and ends at a line
+    break, so a key must be a plain variable name and a value one line.
     """
-    words = []
+    checked = {}
     for key in sorted(env, key=str):
         if not is_env_key(str(key)):
             raise ServeError(
                 "%s has the key %r, which is not a valid environment variable name: expected letters, digits and '_', "
-                "not starting with a digit (/usr/bin/env would read a key starting with '-' as an option and a "
-                "key holding '=' as part of its value); rename or remove it" % (variable, key)
+                "not starting with a digit (the env file splits a line at its first '=', and a key starting with "
+                "'-' is no variable a program can read); rename or remove it" % (variable, key)
             )
         value = env[key]
         if value is None:
@@ -195,20 +197,21 @@ def env_prefix(env: Mapping[str, Any], variable: str = "the serve environment") 
         error = one_line_error("%s[%s]" % (variable, key), value)
         if error:
             raise ServeError(error)
-        words.append("%s=%s" % (key, value))
-    return words
+        checked[str(key)] = str(value)
+    return checked
 
 
-def serve_env_words(
+def serve_environment(
     cache_root: str,
     ray_address: str = "",
     hf_home: str = "",
     hf_offline: bool = False,
     extra: Optional[Mapping[str, Any]] = None,
-) -> list[str]:
-    """The ``/usr/bin/env`` words of vllm serve: its own settings, then ``vllm_env`` (which may replace them).
+) -> dict[str, str]:
+    """vllm serve's own environment: its settings, then ``vllm_env`` (which may replace them).
 
-    The only builder of these words: each key and value is checked and the message names its variable.
+    The only builder of it: each key and value is checked and the message names its variable. The node's
+    environment (``_env.node_environment``) comes from the node env file, read before this one.
     """
     for variable, value in (("vllm_cache_root", cache_root), ("vllm_hf_home", hf_home)):
         error = one_line_error(variable, value)
@@ -222,6 +225,21 @@ def serve_env_words(
     if hf_offline:
         env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     extra = dict(extra or {})
-    env_prefix(extra, "vllm_env")  # checked under its own name before the merge
+    checked_env(extra, "vllm_env")  # checked under its own name before the merge
     env.update(extra)
-    return env_prefix(env)
+    return checked_env(env)
+
+
+def serve_env_file(
+    cache_root: str,
+    ray_address: str = "",
+    hf_home: str = "",
+    hf_offline: bool = False,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> str:
+    """The text of vllm serve's own env file (``serve_environment``, ``KEY=VALUE`` lines, sorted).
+
+    Only the launcher reads it, so values are kept as written (a quote, a backslash, blanks), as they were when
+    they were ``/usr/bin/env`` words.
+    """
+    return env_file(serve_environment(cache_root, ray_address, hf_home, hf_offline, extra), systemd=False)

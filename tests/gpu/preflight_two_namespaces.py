@@ -161,7 +161,7 @@ def node_envs(misconfigured, backend):
 
 
 def run_scenario(args, scenario, work):
-    from ansible_collections.multinode.vllm.plugins.module_utils._env import env_file, non_carry_over_json
+    from ansible_collections.multinode.vllm.plugins.module_utils._env import env_file, non_carry_over_keys
     from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import assemble_report
 
     misconfigured = scenario == "misconfigured"
@@ -170,7 +170,7 @@ def run_scenario(args, scenario, work):
     # The head's non-carry-over list is the one the correct deployment renders (the override is the mistake).
     nco = os.path.join(work, "ray_non_carry_over_env_vars.json")
     with open(nco, "w") as handle:
-        handle.write(non_carry_over_json(node_envs(False, args.backend)))
+        json.dump(non_carry_over_keys(node_envs(False, args.backend)), handle)
     gpus = args.gpus.split(",")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [collections_root(work)] + [p for p in (os.environ.get("PYTHONPATH") or "").split(os.pathsep) if p]))

@@ -61,8 +61,18 @@ def hostvars(facts):
      "vllm_non_carry_over", "distributed_preflight_reuse"],
 )
 def test_filter_plugin_exports_its_function(name):
-    module = importlib.import_module("ansible_collections.multinode.vllm.plugins.filter." + name)
-    assert module.FilterModule().filters() == {name: getattr(module, name)}
+    module = _filter_module(name)
+    assert module.FilterModule().filters() == {module.__name__.rsplit(".", 1)[1]: getattr(module, name)}
+
+
+def _filter_module(name):
+    """The plugin file of the function ``name``: ``name.py`` when public, ``_name.py`` when internal (its filter is
+    then ``_name``, as community.sops names its internal filters)."""
+    package = "ansible_collections.multinode.vllm.plugins.filter."
+    try:
+        return importlib.import_module(package + "_" + name)
+    except ImportError:
+        return importlib.import_module(package + name)
 
 
 # ---------------------------------------------------------------------------
@@ -242,7 +252,7 @@ def test_fabric_peers_without_facts(hostvars):
 )
 def test_render_filters_raise_a_filter_error(module, call, substring):
     """Each filter turns its module_utils' error (EnvError, RuntimeConfigError) into AnsibleFilterError."""
-    plugin = importlib.import_module("ansible_collections.multinode.vllm.plugins.filter." + module)
+    plugin = _filter_module(module)
     with pytest.raises(AnsibleFilterError, match=substring):
         call(getattr(plugin, module))
 

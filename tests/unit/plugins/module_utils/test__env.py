@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -15,7 +14,6 @@ from ansible_collections.multinode.vllm.plugins.module_utils._env import (
     carry_over_hazards,
     env_file,
     node_environment,
-    non_carry_over_json,
     non_carry_over_keys,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import (
@@ -179,12 +177,6 @@ NON_CARRY_CASES = [
 )
 def test_non_carry_over_keys(envs, expected):
     assert non_carry_over_keys(envs) == expected
-
-
-def test_non_carry_over_json_is_vllm_file_content():
-    text = non_carry_over_json({"a": {"VLLM_HOST_IP": "1"}, "b": {"VLLM_HOST_IP": "2", "NCCL_DEBUG": "INFO"}})
-    assert text.endswith("\n")
-    assert json.loads(text) == ["NCCL_DEBUG", "VLLM_HOST_IP"]
 
 
 def test_carry_over_hazard_names_key_and_hosts(sparks):

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import parse_env_file
 from ansible_collections.multinode.vllm.plugins.module_utils._secrets import (
     ALWAYS_SECRET_KEYS,
     SOURCE_ARGV,
@@ -65,3 +66,21 @@ def test_the_secret_env_file_round_trips_and_redact_covers_token_shapes():
     assert redact("Authorization: Bearer abc.def", []) == "Authorization: Bearer <redacted>"
     assert redact("api_" + "k" * 34, []) == "<redacted>"
     assert redact("hf_short and hf_transfer", []) == "hf_short and hf_transfer"  # not token-shaped: kept
+
+
+@pytest.mark.parametrize("value", [v for v in HOSTILE if "\n" not in v])
+def test_for_the_launcher_the_value_is_written_as_is_and_reads_back(value):
+    text = secret_env_file({"MY_SECRET": value, "OTHER": "x"}, reader="launcher")
+    assert parse_env_file(text) == {"MY_SECRET": value, "OTHER": "x"}
+
+
+@pytest.mark.parametrize("value", ["new\nline", "cr\rhere", "trailing newline\n"])
+def test_for_the_launcher_a_line_break_is_refused_naming_the_key_not_the_value(value):
+    with pytest.raises(SecretError) as caught:
+        secret_env_file({"MY_SECRET": value}, reader="launcher")
+    assert "vllm_secret_env.MY_SECRET" in str(caught.value) and value.strip() not in str(caught.value)
+
+
+def test_an_unknown_reader_is_refused():
+    with pytest.raises(SecretError, match="reader must be one of sh, launcher"):
+        secret_env_file({"A": "1"}, reader="bash")

@@ -14,8 +14,9 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve import (
     ServeError,
     ServeSettings,
     check_parallel,
-    env_prefix,
+    checked_env,
     serve_args,
+    serve_env_file,
 )
 
 MODEL = "/var/lib/multinode-vllm-lab/cache/models/tiny-qwen2"
@@ -114,10 +115,39 @@ def test_check_parallel_errors(backend, tp, pp, gpus, message):
         check_parallel(backend, tp, pp, len(gpus), gpus)
 
 
-def test_env_prefix_sorted_and_checked():
-    assert env_prefix({"B": 1, "A": "x y", "C": None}) == ["A=x y", "B=1"]
+def test_checked_env_sorted_and_checked():
+    assert list(checked_env({"B": 1, "A": "x y", "C": None}).items()) == [("A", "x y"), ("B", "1")]
     with pytest.raises(ServeError, match="not a valid environment variable name"):
-        env_prefix({"1A": "x"})
+        checked_env({"1A": "x"})
+
+
+def test_the_serve_env_file_keeps_values_systemd_would_read_differently():
+    # Only the launcher reads it (docker --env-file rules), so vllm_env keeps what /usr/bin/env words kept.
+    text = serve_env_file("/c", extra={"Q": '"quoted"', "B": "a\\b", "S": " lead"})
+    assert text == 'B=a\\b\nQ="quoted"\nS= lead\nVLLM_CACHE_ROOT=/c\n'
+
+
+def test_serve_runs_through_the_launcher_with_its_env_files_under_every_runtime():
+    env = {"VLLM_HOST_IP": HEAD}
+    args = serve_args("ray", BASE)
+    files = ["/etc/multinode-vllm/vllm.env", "/etc/multinode-vllm/vllm-api.env"]
+    launcher = "/var/lib/multinode-vllm/bin/multinode-env-exec"
+    tail = ["/etc/multinode-vllm/node.env", "--env-file", files[0], "--env-file", files[1]]
+    proc = render("process", "vllm", env, "/v/bin/vllm", args, "/etc/multinode-vllm/node.env", python="/v/bin/python",
+                  launcher=launcher, env_files=files)
+    assert proc["command"] == ["/v/bin/python", launcher, *tail, "/v/bin/vllm", *args]
+    unit = render("systemd", "vllm", env, "/v/bin/vllm", args, "/etc/multinode-vllm/node.env", python="/v/bin/python",
+                  launcher=launcher, env_files=files)["systemd_unit"]
+    assert "ExecStart=/v/bin/python %s %s /v/bin/vllm serve" % (launcher, " ".join(tail)) in unit
+    docker = render("docker", "vllm", env, "vllm", args, "/etc/multinode-vllm/node.env", image="img", python="python3",
+                    launcher=launcher, env_files=files)["docker"]
+    assert docker["command"] == ["python3", launcher, *tail, "vllm", *args]
+    assert {m["source"] for m in docker["mounts"]} == {"/etc/multinode-vllm", "/var/lib/multinode-vllm/bin"}
+    assert all(m["read_only"] for m in docker["mounts"])
+    # Another env file (a secret added) restarts it.
+    fewer = render("process", "vllm", env, "/v/bin/vllm", args, "/etc/multinode-vllm/node.env",
+                   python="/v/bin/python", launcher=launcher, env_files=files[:1])
+    assert fewer["hash"] != proc["hash"]
 
 
 def test_serve_renders_into_the_same_runtime_and_hash_changes_only_with_settings():

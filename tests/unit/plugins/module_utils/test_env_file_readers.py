@@ -4,7 +4,8 @@
 """One env-file syntax (issue 17): what _env.env_file writes reads back identically under the three readers that
 consume node.env, and what it refuses is exactly what they would read differently.
 
-- the process runtime's launcher (roles/node_env/files/multinode-env-exec): the real script, run in a subprocess;
+- the process runtime's launcher (plugins/module_utils/_node_env_exec.py, installed as multinode-env-exec): the real
+  script, run in a subprocess;
 - docker --env-file: a port of moby's ParseEnvFile (opts/envfile.go, Docker 20.10 as Debian 12 ships it: leading
   whitespace of a line dropped, '#' lines skipped, split at the first '=', value raw). No Docker engine here;
 - systemd's EnvironmentFile: a port of parse_env_file_internal (src/basic/env-file.c, systemd 252 as Debian 12
@@ -24,7 +25,8 @@ from hypothesis import strategies as st
 
 from ansible_collections.multinode.vllm.plugins.module_utils._env import EnvError, env_file
 
-LAUNCHER = os.path.join(os.path.dirname(__file__), *[".."] * 4, "roles", "node_env", "files", "multinode-env-exec")
+# The launcher as the node_env role installs it: the node script itself, run as a program.
+LAUNCHER = os.path.join(os.path.dirname(__file__), *[".."] * 4, "plugins", "module_utils", "_node_env_exec.py")
 DUMP = "import json, os, sys; json.dump(dict(os.environ), sys.stdout)"
 
 

@@ -53,10 +53,11 @@ from ansible_collections.multinode.vllm.plugins.module_utils._runtime import (
 from ansible_collections.multinode.vllm.plugins.module_utils._serve import (
     ServeError,
     ServeSettings,
-    env_prefix,
     serve_args,
-    serve_env_words,
+    serve_env_file,
+    serve_environment,
 )
+from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import parse_env_file
 from ansible_collections.multinode.vllm.plugins.module_utils._text import REFUSED, one_line_error
 
 # Reproducible in CI, nothing written to the work tree (applied to each test, not loaded as a global profile).
@@ -202,42 +203,44 @@ def test_env_file_refuses_a_bad_key(key):
         env_file({key: "1"})
 
 
-# --- vllm_env: the /usr/bin/env words ------------------------------------------
+# --- vllm_env: vllm serve's own env file -----------------------------------------
 
 
 @HOSTILE
 @given(bad_env_key)
 @example("--split-string")
-def test_serve_env_words_refuse_a_key_env_would_read_as_an_option(key):
+def test_serve_environment_refuses_a_key_that_is_no_variable_name(key):
     with pytest.raises(ServeError) as caught:
-        serve_env_words("/var/cache/vllm", extra={key: "sh -c id"})
+        serve_environment("/var/cache/vllm", extra={key: "sh -c id"})
     message = str(caught.value)
     assert "vllm_env" in message and repr(key) in message and "rename or remove it" in message, message
 
 
 @HOSTILE
 @given(env_key, hostile_text)
-def test_serve_env_words_refuse_a_hostile_value(key, hostile):
+def test_serve_environment_refuses_a_hostile_value(key, hostile):
     with pytest.raises(ServeError) as caught:
-        serve_env_words("/var/cache/vllm", extra={key: hostile})
+        serve_environment("/var/cache/vllm", extra={key: hostile})
     _refused(caught, "vllm_env[%s]" % key, hostile)
 
 
 @pytest.mark.parametrize("variable, kwargs", [("vllm_cache_root", {"cache_root": "/c\n"}),
                                               ("vllm_hf_home", {"cache_root": "/c", "hf_home": "/h\r"})])
-def test_serve_env_words_refuse_a_hostile_path(variable, kwargs):
+def test_serve_environment_refuses_a_hostile_path(variable, kwargs):
     with pytest.raises(ServeError, match=variable):
-        serve_env_words(**kwargs)
+        serve_environment(**kwargs)
 
 
 @HOSTILE
 @given(st.dictionaries(env_key, st.one_of(st.none(), safe_text), max_size=6), st.booleans())
-def test_serve_env_words_are_assignments_env_reads_back(extra, offline):
-    words = serve_env_words("/var/cache/vllm", ray_address="198.18.200.12:6379", hf_home="/h", hf_offline=offline,
-                            extra=extra)
-    # GNU env reads options until the first word without a leading '-': none of these has one.
-    assert not any(word.startswith("-") for word in words)
-    read = dict(word.split("=", 1) for word in words)
+def test_the_serve_env_file_reads_back_through_the_launcher(extra, offline):
+    text = serve_env_file("/var/cache/vllm", ray_address="198.18.200.12:6379", hf_home="/h", hf_offline=offline,
+                          extra=extra)
+    lines = text.splitlines()
+    # One KEY=VALUE line per variable, sorted; the launcher's parser (the one env-file parser) reads each back.
+    keys = [line.split("=", 1)[0] for line in lines]
+    assert keys == sorted(keys) and all("=" in line and not line.startswith("-") for line in lines)
+    read = parse_env_file(text)
     expected = {"VLLM_CACHE_ROOT": "/var/cache/vllm", "RAY_ADDRESS": "198.18.200.12:6379", "HF_HOME": "/h"}
     if offline:
         expected.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
@@ -246,8 +249,9 @@ def test_serve_env_words_are_assignments_env_reads_back(extra, offline):
             expected.pop(key, None)
         else:
             expected[key] = value
-    assert read == expected and len(words) == len(read)
-    assert words == env_prefix(expected)
+    assert read == expected and len(lines) == len(read)
+    assert read == serve_environment("/var/cache/vllm", ray_address="198.18.200.12:6379", hf_home="/h",
+                                     hf_offline=offline, extra=extra)
 
 
 # --- renderers: hostile refused; safe words read back exactly -----------------

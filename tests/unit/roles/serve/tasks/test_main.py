@@ -1,7 +1,8 @@
 # Copyright (c) multinode.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""roles/serve/tasks/main.yml: vllm serve's /usr/bin/env words come from the validated builder, templated as the role does."""
+"""roles/serve/tasks/main.yml: vllm serve's own env file comes from the validated builder, templated as the role does,
+and the launcher reads it (with the node env file and the secret file) under every runtime."""
 
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ def _task_setting(name):
     raise AssertionError("no set_fact task of %s sets %s" % (TASKS, name))
 
 
-def _env_words(vllm_env, **overrides):
-    expression, task_vars = _task_setting("__serve_env_words")
+def _env_text(vllm_env, **overrides):
+    expression, task_vars = _task_setting("__serve_env_text")
     variables = _role_vars()
     variables.update(task_vars)
     variables.update({
@@ -91,32 +92,34 @@ def _env_words(vllm_env, **overrides):
     return Templar(loader=DataLoader(), variables=variables).template(expression)
 
 
-def test_the_words_of_the_lab_inventory():
-    words = _env_words({"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONDONTWRITEBYTECODE": "1"}, vllm_hf_offline=True)
-    assert words == ["HF_HUB_OFFLINE=1", "PYTHONDONTWRITEBYTECODE=1", "RAY_ADDRESS=%s:6379" % HEAD,
-                     "TRANSFORMERS_OFFLINE=1", "VLLM_CACHE_ROOT=/var/lib/multinode-vllm/cache/vllm",
-                     "VLLM_CPU_KVCACHE_SPACE=1"]
+def test_the_env_file_of_the_lab_inventory():
+    text = _env_text({"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONDONTWRITEBYTECODE": "1"}, vllm_hf_offline=True)
+    assert text.splitlines() == ["HF_HUB_OFFLINE=1", "PYTHONDONTWRITEBYTECODE=1", "RAY_ADDRESS=%s:6379" % HEAD,
+                                 "TRANSFORMERS_OFFLINE=1", "VLLM_CACHE_ROOT=/var/lib/multinode-vllm/cache/vllm",
+                                 "VLLM_CPU_KVCACHE_SPACE=1"]
 
 
 @pytest.mark.parametrize("key", ["--split-string", "-S", "-i", "A=B", "1A", ""])
-def test_a_key_env_would_read_as_an_option_is_refused_naming_vllm_env(key):
+def test_a_key_that_is_no_variable_name_is_refused_naming_vllm_env(key):
     with pytest.raises(AnsibleError) as caught:
-        _env_words({key: "sh -c id"})
+        _env_text({key: "sh -c id"})
     message = str(caught.value)
     assert "vllm_env" in message and repr(key) in message and "not a valid environment variable name" in message
 
 
 def test_a_value_with_a_line_break_is_refused_naming_vllm_env():
     with pytest.raises(AnsibleError, match=r"vllm_env\[EVIL\] = 'x\\n\[program:evil\]"):
-        _env_words({"EVIL": "x\n[program:evil]"})
+        _env_text({"EVIL": "x\n[program:evil]"})
 
 
-def test_the_render_runs_usr_bin_env_with_exactly_these_words():
+def test_the_render_runs_vllm_itself_and_the_launcher_reads_the_env_files():
     expression, task_vars = _task_setting("__serve_render")
-    assert "__serve_env_words" in expression and task_vars["__serve_program"].strip().endswith("['/usr/bin/env'] }}")
-    # No other task of the role joins KEY=VALUE words itself.
+    assert "env_files=[serve_vllm_env_file]" in expression and "args=__serve_args," in expression
+    assert "__serve_program" not in task_vars and "__serve_env_text | hash('sha256')" in expression
+    # No task of the role joins KEY=VALUE words or sources a file through a shell.
     with open(TASKS) as handle:
-        assert "map('join', '=')" not in handle.read()
+        text = handle.read()
+    assert "map('join', '=')" not in text and "/usr/bin/env" not in text and "/bin/sh" not in text
 
 
 @pytest.mark.parametrize("runtime", ["process", "systemd", "docker"])
@@ -141,12 +144,12 @@ def test_a_secret_is_in_no_rendered_artefact_of_any_runtime(runtime):
         "__serve_api_key": api_key,
         "vllm_secret_env": {"MY_SECRET": secret},
         "__serve_secret_env": {"VLLM_API_KEY": api_key, "MY_SECRET": secret},
-        "__serve_env_words": ["PYTHONDONTWRITEBYTECODE=1"],
+        "__serve_env_text": "PYTHONDONTWRITEBYTECODE=1\n",
         "__serve_args": ["serve", "/models/tiny", "--port", "8000"],
     })
     rendered = Templar(loader=DataLoader(), variables=variables).template(expression)
     text = repr(rendered)
     assert secret not in text and api_key not in text
-    assert variables["serve_api_env_file"] in text  # the program sources the 0600 file
+    assert variables["serve_api_env_file"] in text  # the launcher reads the 0600 file
     assert rendered["runtime"] == runtime and ("docker" in rendered or "systemd_unit" in rendered
                                                or "supervisor_program" in rendered)
