@@ -10,11 +10,11 @@ version_added: 0.1.0
 description:
   - Renders the C(nft -f) file that replaces the host's C(table inet multinode_vllm) in one transaction; see
     P(multinode.vllm.firewall#role) and docs/firewall.md for what it allows.
-  - Fails listing every problem of the input (the same messages as P(multinode.vllm.firewall_errors#filter)).
+  - Fails listing every problem of the input (the same messages as P(multinode.vllm._firewall_errors#filter)).
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
-    description: The spec (see P(multinode.vllm.firewall_errors#filter)).
+    description: The spec (see P(multinode.vllm._firewall_errors#filter)).
     type: dict
     required: true
   hostvars:

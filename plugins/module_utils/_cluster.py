@@ -4,7 +4,7 @@
 """The cluster's identity, computed once per host after the fabric preflight.
 
 Pure and typed: no Ansible imports, no I/O. The fabric role sets the fact ``multinode_cluster`` from it (filter
-``cluster_identity``) right after its cluster checks pass; every later role and play reads that one fact instead of
+``_cluster_identity``) right after its cluster checks pass; every later role and play reads that one fact instead of
 looking the head up in the inventory groups again (head, head's fabric address, the Ray address, node rank, the
 cluster's hosts in order, backend, runtime, whether this run serves).
 """

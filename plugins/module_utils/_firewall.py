@@ -4,7 +4,7 @@
 """The node firewall: one nftables table per node, rendered from plain data.
 
 Pure and typed: no Ansible imports, no I/O. The role builds a spec per host,
-``firewall_errors`` checks every host before any host changes, ``render_ruleset``
+the ``_firewall_errors`` filter checks every host before any host changes, ``render_ruleset``
 writes the file that ``nft_apply`` loads.
 
 The ruleset lives in its own table (``table inet multinode_vllm``) so other

@@ -4,7 +4,7 @@
 """Inventory checks that need no host: the groups, Ray's port layout, the API's port and address.
 
 Pure and typed: no Ansible imports, no I/O. The fabric role runs them on the controller in the first gate of
-deploy.yml (filter ``inventory_errors``), before any host is touched, and lists every host's problems at once,
+deploy.yml (filter ``_inventory_errors``), before any host is touched, and lists every host's problems at once,
 each as "host: variable = value: what is expected; how to fix".
 
 The roles that own these variables (cluster, ray, serve) are not loaded in that gate, so their defaults are repeated here;

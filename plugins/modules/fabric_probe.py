@@ -17,7 +17,7 @@ description:
     reaches the peer's listener (with round-trip latency), and that a UDP datagram of the fabric MTU
     crosses with don't-fragment set. It also reports whether the peer's management address answers; an
     unreachable management address is reported, not failed.
-  - The module does not fail on broken pairs; the P(multinode.vllm.fabric_probe_report#filter) filter assembles
+  - The module does not fail on broken pairs; the P(multinode.vllm._fabric_probe_report#filter) filter assembles
     every host's result into the all-pairs matrix and the role fails listing every broken pair.
   - Phase V(stop) stops this host's listener early (through a unix socket private to the host's network
     namespace, so a firewall on the fabric cannot get in the way).

@@ -10,12 +10,12 @@ import importlib
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.filter.fabric_cluster_errors import fabric_cluster_errors
+from ansible_collections.multinode.vllm.plugins.filter._fabric_cluster_errors import fabric_cluster_errors
 from ansible_collections.multinode.vllm.plugins.filter.fabric_node_env import fabric_node_env
-from ansible_collections.multinode.vllm.plugins.filter.fabric_peers import fabric_peers
-from ansible_collections.multinode.vllm.plugins.filter.fabric_probe_report import fabric_probe_report
+from ansible_collections.multinode.vllm.plugins.filter._fabric_peers import fabric_peers
+from ansible_collections.multinode.vllm.plugins.filter._fabric_probe_report import fabric_probe_report
 from ansible_collections.multinode.vllm.plugins.filter.ray_start_args import ray_start_args
-from ansible_collections.multinode.vllm.plugins.filter.vllm_non_carry_over import vllm_non_carry_over
+from ansible_collections.multinode.vllm.plugins.filter._vllm_non_carry_over import vllm_non_carry_over
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import parse_network, select_fabric
 
 CIDR = "198.18.200.0/24"
@@ -291,7 +291,7 @@ def test_ray_start_args_errors(kwargs, substring):
 
 
 def test_distributed_preflight_reuse_decides_from_every_host():
-    from ansible_collections.multinode.vllm.plugins.filter.distributed_preflight_reuse import (
+    from ansible_collections.multinode.vllm.plugins.filter._distributed_preflight_reuse import (
         distributed_preflight_reuse,
     )
     from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import cluster_fingerprint

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.filter.firewall_boot_unit import firewall_boot_unit
-from ansible_collections.multinode.vllm.plugins.filter.firewall_errors import firewall_errors
+from ansible_collections.multinode.vllm.plugins.filter._firewall_boot_unit import firewall_boot_unit
+from ansible_collections.multinode.vllm.plugins.filter._firewall_errors import firewall_errors
 from ansible_collections.multinode.vllm.plugins.filter.firewall_ruleset import firewall_ruleset
 
 

@@ -12,7 +12,7 @@ import socket
 import pytest
 import yaml
 
-from ansible_collections.multinode.vllm.plugins.filter.inventory_errors import inventory_errors
+from ansible_collections.multinode.vllm.plugins.filter._inventory_errors import inventory_errors
 from ansible_collections.multinode.vllm.plugins.module_utils import _inventory
 from ansible_collections.multinode.vllm.plugins.module_utils._inventory import (
     api_reach_error,

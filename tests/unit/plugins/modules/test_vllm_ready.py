@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.multinode.vllm.plugins.filter.vllm_failure_report import vllm_failure_report
-from ansible_collections.multinode.vllm.plugins.filter.vllm_rendezvous_errors import vllm_rendezvous_errors
+from ansible_collections.multinode.vllm.plugins.filter._vllm_failure_report import vllm_failure_report
+from ansible_collections.multinode.vllm.plugins.filter._vllm_rendezvous_errors import vllm_rendezvous_errors
 from ansible_collections.multinode.vllm.plugins.module_utils._procs import is_serve
 from ansible_collections.multinode.vllm.plugins.modules.vllm_ready import first_error, tail
 

@@ -23,7 +23,7 @@ ROLE_VARS = [os.path.join(ROOT, "roles", "cluster", "defaults", "main.yml"),
              os.path.join(ROOT, "roles", "serve", "defaults", "main.yml"),
              os.path.join(ROOT, "roles", "serve", "vars", "main.yml")]
 HEAD = "198.18.200.12"
-# The fabric role's fact for spark1 (filter cluster_identity).
+# The fabric role's fact for spark1 (filter _cluster_identity).
 CLUSTER = {"head": "spark1", "workers": ["spark2"], "hosts": ["spark1", "spark2"], "role": "head", "node_rank": 0,
            "head_fabric_ip": HEAD, "ray_address": HEAD + ":6379", "backend": "ray", "runtime": "process",
            "serve": True}

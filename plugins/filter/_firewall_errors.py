@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: firewall_errors
+name: _firewall_errors
 short_description: Every problem in one host's firewall input (empty when it can be rendered)
 version_added: 0.1.0
 description:
   - Checks the firewall spec of one host (interfaces, fabric_cidr, the cluster nodes' fabric addresses, ports,
     extra sources) and returns one message per problem, each naming the host, the value, what was expected and the fix.
   - The role runs it on every host, then fails once listing them all, before any host changes.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -28,7 +29,7 @@ options:
 EXAMPLES = r"""
 - name: Check this host's firewall input
   ansible.builtin.set_fact:
-    firewall_problems: "{{ spec | multinode.vllm.firewall_errors(hostvars) }}"
+    firewall_problems: "{{ spec | multinode.vllm._firewall_errors(hostvars) }}"
 """
 
 RETURN = r"""
@@ -47,4 +48,4 @@ def firewall_errors(spec, hostvars):
 
 class FilterModule:
     def filters(self):
-        return {"firewall_errors": firewall_errors}
+        return {"_firewall_errors": firewall_errors}

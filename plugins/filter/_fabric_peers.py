@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: fabric_peers
+name: _fabric_peers
 short_description: The peers one host probes, from every host's fabric facts
 version_added: 0.1.0
 description:
   - Returns, for every cluster host other than O(me), its name, fabric address and management address.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -29,7 +30,7 @@ options:
 EXAMPLES = r"""
 - name: Peers of this host
   ansible.builtin.set_fact:
-    peers: "{{ hostvars | multinode.vllm.fabric_peers(ansible_play_hosts_all, inventory_hostname) }}"
+    peers: "{{ hostvars | multinode.vllm._fabric_peers(ansible_play_hosts_all, inventory_hostname) }}"
 """
 
 RETURN = r"""
@@ -56,4 +57,4 @@ def fabric_peers(hostvars, hosts, me):
 
 class FilterModule:
     def filters(self):
-        return {"fabric_peers": fabric_peers}
+        return {"_fabric_peers": fabric_peers}

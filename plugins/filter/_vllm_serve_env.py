@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: vllm_serve_env
+name: _vllm_serve_env
 short_description: The text of vllm serve's own env file, every key and value checked
 version_added: 0.1.0
 description:
@@ -13,6 +13,7 @@ description:
     key, values as they are; the env-file launcher C(multinode-env-exec) reads the file after the node env file.
   - Fails naming the variable when a key is not an environment variable name (the launcher splits a line at its
     first C(=)) or a value holds a line break or NUL.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -40,7 +41,7 @@ options:
 EXAMPLES = r"""
 - name: Compute the env file of vllm serve
   ansible.builtin.set_fact:
-    serve_env_text: "{{ vllm_env | multinode.vllm.vllm_serve_env(cache_root='/var/lib/multinode-vllm/cache/vllm') }}"
+    serve_env_text: "{{ vllm_env | multinode.vllm._vllm_serve_env(cache_root='/var/lib/multinode-vllm/cache/vllm') }}"
 """
 
 RETURN = r"""
@@ -65,4 +66,4 @@ def vllm_serve_env(extra, cache_root, ray_address="", hf_home="", hf_offline=Fal
 
 class FilterModule:
     def filters(self):
-        return {"vllm_serve_env": vllm_serve_env}
+        return {"_vllm_serve_env": vllm_serve_env}

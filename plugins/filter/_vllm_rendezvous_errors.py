@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: vllm_rendezvous_errors
+name: _vllm_rendezvous_errors
 short_description: Native backend, did every rank reach the head over the fabric
 version_added: 0.1.0
 description:
@@ -13,6 +13,7 @@ description:
   - A rank above 0 must hold established connections from its fabric address to the head's fabric address (and
     none to the head's management address); the head must hold connections accepted on its fabric address.
   - Returns one message per rank that did not; an empty list when all did.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -37,7 +38,7 @@ options:
 EXAMPLES = r"""
 - name: Check the rendezvous
   ansible.builtin.assert:
-    that: (ranks | multinode.vllm.vllm_rendezvous_errors(head_fabric_ip='198.18.200.12')) | length == 0
+    that: (ranks | multinode.vllm._vllm_rendezvous_errors(head_fabric_ip='198.18.200.12')) | length == 0
 """
 
 RETURN = r"""
@@ -64,4 +65,4 @@ def vllm_rendezvous_errors(ranks, head_fabric_ip, head_mgmt_ip="", expected_host
 
 class FilterModule:
     def filters(self):
-        return {"vllm_rendezvous_errors": vllm_rendezvous_errors}
+        return {"_vllm_rendezvous_errors": vllm_rendezvous_errors}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: fabric_cluster_errors
+name: _fabric_cluster_errors
 short_description: Cluster-wide fabric checks over every host
 version_added: 0.1.0
 description:
@@ -13,6 +13,7 @@ description:
   - With every host's C(multinode_fabric) fact, also checks that fabric addresses are unique and on one subnet,
     that MTUs are equal, and that the inventory's C(fabric_ip) is what each host really carries.
   - Returns the list of error messages; empty means the cluster is consistent.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -45,7 +46,7 @@ EXAMPLES = r"""
     that: __errors | length == 0
     fail_msg: "{{ __errors | join('; ') }}"
   vars:
-    __errors: "{{ hostvars | multinode.vllm.fabric_cluster_errors(ansible_play_hosts_all, groups['ray_head'] | default([]),
+    __errors: "{{ hostvars | multinode.vllm._fabric_cluster_errors(ansible_play_hosts_all, groups['ray_head'] | default([]),
                  fabric_cidr, use_facts=false) }}"
 """
 
@@ -88,4 +89,4 @@ def fabric_cluster_errors(hostvars, hosts, head_hosts, fabric_cidr, use_facts=Tr
 
 class FilterModule:
     def filters(self):
-        return {"fabric_cluster_errors": fabric_cluster_errors}
+        return {"_fabric_cluster_errors": fabric_cluster_errors}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: cluster_identity
+name: _cluster_identity
 short_description: One host's view of the cluster, computed once (the fact multinode_cluster)
 version_added: 0.1.0
 description:
@@ -15,6 +15,7 @@ description:
     C(backend), C(runtime) and C(serve) (whether this run serves a model).
   - Fails naming the fix when there is not exactly one head, the host is in neither group, the head has no
     C(multinode_fabric) fact, or the port, backend or runtime is not valid.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -57,7 +58,7 @@ EXAMPLES = r"""
 - name: The cluster's identity, once, after the fabric checks
   ansible.builtin.set_fact:
     multinode_cluster: >-
-      {{ hostvars | multinode.vllm.cluster_identity(inventory_hostname, groups['ray_head'],
+      {{ hostvars | multinode.vllm._cluster_identity(inventory_hostname, groups['ray_head'],
          groups['ray_workers'] | default([]), ray_gcs_port=ray_gcs_port, backend=vllm_backend,
          runtime=multinode_runtime, serve=false) }}
 """
@@ -95,4 +96,4 @@ def cluster_identity(hostvars, host, head_hosts, worker_hosts, ray_gcs_port, bac
 
 class FilterModule:
     def filters(self):
-        return {"cluster_identity": cluster_identity}
+        return {"_cluster_identity": cluster_identity}

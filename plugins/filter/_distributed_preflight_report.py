@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: distributed_preflight_report
+name: _distributed_preflight_report
 short_description: The cluster's verdict from every node's distributed preflight result
 version_added: 0.1.0
 description:
@@ -13,6 +13,7 @@ description:
     interface each side tried.
   - Also checks the environment carry-over hazard, NCCL_*/UCX_* values that differ between hosts must be listed
     in vLLM's C(ray_non_carry_over_env_vars.json) on the head.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -40,7 +41,7 @@ options:
 EXAMPLES = r"""
 - name: Assemble the cluster's verdict
   ansible.builtin.set_fact:
-    report: "{{ hostvars | multinode.vllm.distributed_preflight_report(ansible_play_hosts_all, groups['ray_head'][0]) }}"
+    report: "{{ hostvars | multinode.vllm._distributed_preflight_report(ansible_play_hosts_all, groups['ray_head'][0]) }}"
   run_once: true
 """
 
@@ -72,4 +73,4 @@ def distributed_preflight_report(hostvars, hosts, head, result_var="__distribute
 
 class FilterModule:
     def filters(self):
-        return {"distributed_preflight_report": distributed_preflight_report}
+        return {"_distributed_preflight_report": distributed_preflight_report}

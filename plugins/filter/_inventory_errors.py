@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: inventory_errors
+name: _inventory_errors
 short_description: Inventory checks over every cluster host, before any host is touched
 version_added: 0.1.0
 description:
@@ -17,6 +17,7 @@ description:
   - C(fabric_ip) is not the management address C(ansible_host).
   - The ray and serve roles' defaults apply where a variable is unset (their roles are not loaded yet).
   - Returns the list of error messages, each naming host, variable, value and fix; empty means consistent.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -46,7 +47,7 @@ EXAMPLES = r"""
     that: __errors | length == 0
     fail_msg: "{{ __errors | join('\n') }}"
   vars:
-    __errors: "{{ hostvars | multinode.vllm.inventory_errors(ansible_play_hosts_all, groups['ray_head'] | default([]),
+    __errors: "{{ hostvars | multinode.vllm._inventory_errors(ansible_play_hosts_all, groups['ray_head'] | default([]),
                  groups['ray_workers'] | default([])) }}"
 """
 
@@ -70,4 +71,4 @@ def inventory_errors(hostvars, hosts, head_hosts, worker_hosts):
 
 class FilterModule:
     def filters(self):
-        return {"inventory_errors": inventory_errors}
+        return {"_inventory_errors": inventory_errors}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: vllm_non_carry_over
+name: _vllm_non_carry_over
 short_description: The keys vLLM must not copy from the head to Ray workers
 version_added: 0.1.0
 description:
@@ -14,6 +14,7 @@ description:
   - Returns the per-host keys present in any node's environment plus every carried key whose value differs
     between nodes, plus the credentials (C(VLLM_API_KEY), C(HF_TOKEN), C(HUGGING_FACE_HUB_TOKEN)) and
     O(secret_keys), which vLLM would otherwise copy into every Ray worker's runtime environment.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -30,7 +31,7 @@ options:
 EXAMPLES = r"""
 - name: Write vLLM's non-carry-over list
   ansible.builtin.copy:
-    content: "{{ envs_by_host | multinode.vllm.vllm_non_carry_over | to_nice_json }}"
+    content: "{{ envs_by_host | multinode.vllm._vllm_non_carry_over | to_nice_json }}"
     dest: /etc/multinode-vllm/vllm/ray_non_carry_over_env_vars.json
     mode: "0644"
 """
@@ -53,4 +54,4 @@ def vllm_non_carry_over(envs_by_host, secret_keys=()):
 
 class FilterModule:
     def filters(self):
-        return {"vllm_non_carry_over": vllm_non_carry_over}
+        return {"_vllm_non_carry_over": vllm_non_carry_over}

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: model_staging_plan
+name: _model_staging_plan
 short_description: Which worker receives which model files, and every node's space problem
 version_added: 0.1.0
 description:
   - Assembles every worker's M(multinode.vllm.model_manifest) comparison into the cluster's staging plan.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -33,7 +34,7 @@ options:
 EXAMPLES = r"""
 - name: Assemble the plan
   ansible.builtin.set_fact:
-    plan: "{{ hostvars | multinode.vllm.model_staging_plan(head_manifest.manifest, workers, 'model_compare') }}"
+    plan: "{{ hostvars | multinode.vllm._model_staging_plan(head_manifest.manifest, workers, 'model_compare') }}"
 """
 
 RETURN = r"""
@@ -65,4 +66,4 @@ def model_staging_plan(hostvars, source, workers, register):
 
 class FilterModule:
     def filters(self):
-        return {"model_staging_plan": model_staging_plan}
+        return {"_model_staging_plan": model_staging_plan}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: secret_env_file
+name: _secret_env_file
 short_description: The text of a secret env file for a process to read at start
 version_added: 0.1.0
 description:
@@ -16,6 +16,7 @@ description:
   - O(reader=sh) single-quotes values for sh (any text but NUL comes back unchanged); O(reader=launcher) writes
     them as they are (docker C(--env-file) rules), so a value may not hold a line break. Keys must be environment
     variable names. Errors name the variable and the key, never the value.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -38,7 +39,7 @@ EXAMPLES = r"""
   multinode.vllm.node_files:
     secret_files:
       - path: /etc/multinode-vllm/vllm-api.env
-        content: "{{ vllm_secret_env | multinode.vllm.secret_env_file(reader='launcher') }}"
+        content: "{{ vllm_secret_env | multinode.vllm._secret_env_file(reader='launcher') }}"
         mode: "0600"
 """
 
@@ -63,4 +64,4 @@ def secret_env_file(values, what="vllm_secret_env", reader="sh"):
 
 class FilterModule:
     def filters(self):
-        return {"secret_env_file": secret_env_file}
+        return {"_secret_env_file": secret_env_file}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: fabric_probe_report
+name: _fabric_probe_report
 short_description: Assemble every host's fabric probe into the all-pairs matrix
 version_added: 0.1.0
 description:
@@ -12,6 +12,7 @@ description:
     matrix, the management reachability table, and every broken pair, each naming source, destination, address and cause.
   - A host with no result (failed earlier) makes all its pairs broken, so nothing is silently skipped.
   - A host whose fabric link is down (C(link_error) in its C(multinode_fabric) fact) is listed first.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -32,7 +33,7 @@ options:
 EXAMPLES = r"""
 - name: Assemble the matrix
   ansible.builtin.set_fact:
-    fabric_report: "{{ hostvars | multinode.vllm.fabric_probe_report(ansible_play_hosts_all, 'probe') }}"
+    fabric_report: "{{ hostvars | multinode.vllm._fabric_probe_report(ansible_play_hosts_all, 'probe') }}"
   run_once: true
 """
 
@@ -63,4 +64,4 @@ def fabric_probe_report(hostvars, hosts, result_var="__fabric_probe"):
 
 class FilterModule:
     def filters(self):
-        return {"fabric_probe_report": fabric_probe_report}
+        return {"_fabric_probe_report": fabric_probe_report}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: distributed_preflight_reuse
+name: _distributed_preflight_reuse
 short_description: Whether a previous distributed preflight pass still proves this cluster
 version_added: 0.1.0
 description:
@@ -13,6 +13,7 @@ description:
     of the same cluster fingerprint (the same env files, runtime versions, addresses, interfaces, port and set of
     nodes), younger than O(max_age) seconds.
   - The network itself is not part of the fingerprint; the fabric preflight probes it on every run.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -37,7 +38,7 @@ options:
 EXAMPLES = r"""
 - name: Decide whether the last pass still holds
   ansible.builtin.set_fact:
-    reuse: "{{ hostvars | multinode.vllm.distributed_preflight_reuse(ansible_play_hosts_all) }}"
+    reuse: "{{ hostvars | multinode.vllm._distributed_preflight_reuse(ansible_play_hosts_all) }}"
   run_once: true
 """
 
@@ -72,4 +73,4 @@ def distributed_preflight_reuse(hostvars, hosts, max_age=86400, result_var="__di
 
 class FilterModule:
     def filters(self):
-        return {"distributed_preflight_reuse": distributed_preflight_reuse}
+        return {"_distributed_preflight_reuse": distributed_preflight_reuse}

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: firewall_boot_unit
+name: _firewall_boot_unit
 short_description: The systemd unit that loads a host's kept firewall table at boot
 version_added: 0.1.0
 description:
   - Renders C(multinode-vllm-firewall.service), a oneshot unit that runs C(nft -f) on the kept ruleset before
     C(network-pre.target), Docker and the systemd runtime's Ray and vLLM units, and is required by the latter (they
     do not start when the table cannot be loaded). See docs/firewall.md.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -26,7 +27,7 @@ options:
 EXAMPLES = r"""
 - name: Render the boot unit
   ansible.builtin.set_fact:
-    unit_text: "{{ '/etc/multinode-vllm/firewall/multinode_vllm.nft' | multinode.vllm.firewall_boot_unit }}"
+    unit_text: "{{ '/etc/multinode-vllm/firewall/multinode_vllm.nft' | multinode.vllm._firewall_boot_unit }}"
 """
 
 RETURN = r"""
@@ -49,4 +50,4 @@ def firewall_boot_unit(ruleset_path, nft_path="/usr/sbin/nft"):
 
 class FilterModule:
     def filters(self):
-        return {"firewall_boot_unit": firewall_boot_unit}
+        return {"_firewall_boot_unit": firewall_boot_unit}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-name: vllm_failure_report
+name: _vllm_failure_report
 short_description: A failed vLLM start explained, from the log tails of every node
 version_added: 0.1.0
 description:
@@ -13,6 +13,7 @@ description:
   - When the loop's results carry C(first_errors) (P(multinode.vllm.vllm_ready#module) with
     O(multinode.vllm.vllm_ready#module:first_errors=true)), each log's first exception is searched before its
     tail, and a generic engine failure is named by it.
+  - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
   _input:
@@ -35,11 +36,11 @@ options:
 EXAMPLES = r"""
 - name: Fail with the logs a loop of vllm_ready read on every node
   ansible.builtin.fail:
-    msg: "{{ node_logs.results | multinode.vllm.vllm_failure_report(reason='vllm serve exited') }}"
+    msg: "{{ node_logs.results | multinode.vllm._vllm_failure_report(reason='vllm serve exited') }}"
 
 - name: Fail with every node's logs and the likely cause
   ansible.builtin.fail:
-    msg: "{{ tails | multinode.vllm.vllm_failure_report(reason='vLLM was not ready after 600 s') }}"
+    msg: "{{ tails | multinode.vllm._vllm_failure_report(reason='vLLM was not ready after 600 s') }}"
 """
 
 RETURN = r"""
@@ -75,4 +76,4 @@ def vllm_failure_report(tails, reason, lines=15):
 
 class FilterModule:
     def filters(self):
-        return {"vllm_failure_report": vllm_failure_report}
+        return {"_vllm_failure_report": vllm_failure_report}
