@@ -59,7 +59,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve import Serve
 def vllm_serve_env(extra, cache_root, ray_address="", hf_home="", hf_offline=False):
     try:
         return serve_env_file(str(cache_root), ray_address=str(ray_address or ""), hf_home=str(hf_home or ""),
-                               hf_offline=boolean(hf_offline, strict=False), extra=dict(extra or {}))
+                              hf_offline=boolean(hf_offline, strict=False), extra=dict(extra or {}))
     except ServeError as exc:
         raise AnsibleFilterError(str(exc))
 

@@ -93,7 +93,7 @@ def main() -> None:
         env = dict(os.environ)
         env.update(read_env_files(files))
     except (OSError, ValueError) as exc:
-        sys.exit("multinode-env-exec: %s" % exc)
+        raise SystemExit("multinode-env-exec: %s" % exc) from None
     os.execvpe(command[0], command, env)
 
 
