@@ -120,9 +120,9 @@ def stack_errors(stacks: Mapping[str, Mapping[str, Any] | None], allow: Any = ()
         if len(groups) < 2:
             continue
         found = "; ".join("%s: %s" % (", ".join(hosts), value) for value, hosts in groups.items())
-        errors.append("%s differs between nodes (%s); %s, or, if the difference is known to be harmless, add "
-                      "{component: %s, reason: <why>} to %s" % (component, found, _FIXES[component], component,
-                                                                 ALLOW_VAR))
+        fix = "%s, or, if the difference is known to be harmless, add {component: %s, reason: <why>} to %s" % (
+            _FIXES[component], component, ALLOW_VAR)
+        errors.append("%s differs between nodes (%s); %s" % (component, found, fix))
     return errors
 
 

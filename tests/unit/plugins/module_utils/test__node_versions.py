@@ -46,8 +46,11 @@ def test_system_nccl_from_the_most_precise_file_name(tmp_path):
 def test_stack_without_a_pip_nccl_reads_the_system_library(tmp_path, monkeypatch):
     (tmp_path / "libnccl.so.2.27.7").write_text("")
     monkeypatch.setattr(_node_versions, "NCCL_DISTS", ("multinode-vllm-no-such-dist",))
-    stack = _node_versions.stack(lib_dirs=[str(tmp_path)], driver_file=str(tmp_path / "absent"))
-    assert stack["nccl"] == "system libnccl 2.27.7" and stack["driver"] is None
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build\n")
+    stack = _node_versions.stack(lib_dirs=[str(tmp_path)], driver_file=str(driver))
+    assert stack["nccl"] == "system libnccl 2.27.7" and stack["driver"] == "580.95.05"
+    assert _node_versions.stack(lib_dirs=[], driver_file=str(tmp_path / "absent"))["driver"] is None
 
 
 @pytest.mark.parametrize("text, version", [

@@ -111,10 +111,9 @@ def test_a_host_without_the_fact_is_named():
 
 
 def test_image_id_and_model_are_compared_when_reported():
-    manifest = {"files": [{"path": "config.json", "size": 10, "sha256": "aa"}, {"path": "w.bin", "size": 5,
-                                                                              "sha256": "bb"}]}
-    other = {"files": [{"path": "config.json", "size": 10, "sha256": "aa"}, {"path": "w.bin", "size": 5,
-                                                                           "sha256": "cc"}]}
+    config = {"path": "config.json", "size": 10, "sha256": "aa"}
+    manifest = {"files": [config, {"path": "w.bin", "size": 5, "sha256": "bb"}]}
+    other = {"files": [config, {"path": "w.bin", "size": 5, "sha256": "cc"}]}
     stacks = cluster(spark1={"image_id": "sha256:1", "model_manifest": manifest},
                      spark2={"image_id": "sha256:1", "model_manifest": manifest},
                      spark3={"image_id": "sha256:2", "model_manifest": other})
