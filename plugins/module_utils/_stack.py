@@ -77,14 +77,14 @@ def parse_allow(allow: Any) -> dict[str, str]:
 
 
 def manifest_digest(manifest: Mapping[str, Any] | None) -> str | None:
-    """One digest of a model manifest (every file's path, size and sha256): ``sha256:0123456789ab (12 files)``."""
+    """One digest of a model manifest (every file's path, size and sha256): ``sha256:0123456789ab (12 file(s))``."""
     if not manifest:
         return None
     files = sorted((str(f.get("path")), f.get("size"), f.get("sha256")) for f in manifest.get("files") or [])
     if not files:
         return None
     digest = hashlib.sha256(json.dumps(files, separators=(",", ":")).encode()).hexdigest()
-    return "sha256:%s (%d files)" % (digest[:12], len(files))
+    return "sha256:%s (%d file(s))" % (digest[:12], len(files))
 
 
 def stack_values(stacks: Mapping[str, Mapping[str, Any] | None]) -> tuple[list[str], dict[str, dict[str, str]]]:

@@ -127,7 +127,7 @@ def test_manifest_digest_ignores_file_order_and_empty_is_none():
     files = [{"path": "a", "size": 1, "sha256": "x"}, {"path": "b", "size": 2, "sha256": "y"}]
     digest = manifest_digest({"files": files})
     assert digest == manifest_digest({"files": list(reversed(files))})
-    assert digest.startswith("sha256:") and digest.endswith("(2 files)")
+    assert digest.startswith("sha256:") and digest.endswith("(2 file(s))")
     assert manifest_digest({"files": [{"path": "a", "size": 1, "sha256": "z"}, files[1]]}) != digest
     assert manifest_digest({"files": []}) is None and manifest_digest(None) is None
 
