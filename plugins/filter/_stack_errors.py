@@ -27,7 +27,7 @@ options:
     required: true
   allow:
     description:
-      - "C(multinode_stack_allow_skew), components whose difference is accepted, as names or as
+      - "C(ray_stack_allow_skew), components whose difference is accepted, as names or as
         C({component: <name>, reason: <text>})."
     type: list
     elements: raw
@@ -40,7 +40,7 @@ EXAMPLES = r"""
     msg: "{{ __errors | join('; ') }}"
   when: __errors | length > 0
   vars:
-    __errors: "{{ hostvars | multinode.vllm._stack_errors(ansible_play_hosts_all, multinode_stack_allow_skew) }}"
+    __errors: "{{ hostvars | multinode.vllm._stack_errors(ansible_play_hosts_all, ray_stack_allow_skew) }}"
 """
 
 RETURN = r"""

@@ -6,7 +6,7 @@
 Each node's stack is the ``multinode_stack`` fact (``stack_facts``, which runs ``_node_versions.stack`` in the
 runtime), plus, where the role read them, ``image_id`` (docker) and ``model_manifest`` (the node's model manifest,
 reduced here to one digest, the component ``model``). ``stack_errors`` names every component whose value differs
-between nodes, unless the allow-list (``multinode_stack_allow_skew``) accepts it; ``stack_table`` is the node x
+between nodes, unless the allow-list (``ray_stack_allow_skew``) accepts it; ``stack_table`` is the node x
 component table printed before.
 """
 
@@ -23,7 +23,7 @@ COMPONENTS = ("python", "ray", "vllm", "torch", "nccl", "cuda_runtime", "driver"
 # Shown and compared only when some node reports them (the docker runtime; a staged model).
 OPTIONAL = ("image_id", "model")
 NOT_INSTALLED = "not installed"
-ALLOW_VAR = "multinode_stack_allow_skew"
+ALLOW_VAR = "ray_stack_allow_skew"
 
 _FIXES = {
     "python": "install the same Python on every node (the runtime's interpreter, or the same image)",
@@ -44,7 +44,7 @@ class StackError(MultinodeError):
 
 
 def parse_allow(allow: Any) -> dict[str, str]:
-    """``multinode_stack_allow_skew`` -> {component: reason}; a StackError names every bad entry and the fix."""
+    """``ray_stack_allow_skew`` -> {component: reason}; a StackError names every bad entry and the fix."""
     if allow is None:
         return {}
     if isinstance(allow, (str, bytes)) or not isinstance(allow, Sequence):

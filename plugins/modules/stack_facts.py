@@ -13,7 +13,7 @@ description:
     reads, without importing torch, the versions of Python, Ray, vLLM and torch, the NCCL torch would load (a pip
     C(nvidia-nccl-*) distribution, else a system C(libnccl.so.*)), the pip CUDA runtime and the NVIDIA driver.
   - Sets the fact C(multinode_stack). The role C(multinode.vllm.ray) (C(stack_check.yml)) compares it across nodes
-    and fails on any difference not in C(multinode_stack_allow_skew).
+    and fails on any difference not in C(ray_stack_allow_skew).
   - Read-only.
 author:
   - multinode.vllm maintainers (@multinode)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -122,6 +123,24 @@ def test_check_mode_reports_a_change_and_changes_nothing(lab):
     assert {n: ray_pids(n)["raylet"] for n in ("spark1", "spark2")} == before
 
 
+SKEW_RAY = "2.49.2"
+
+
+def skew_venv() -> Path:
+    """A runtime that differs from the node venv in Ray only: a venv holding the real Ray SKEW_RAY wheel (from PyPI,
+    --no-deps), with the node venv's site-packages after its own (a .pth file). Built once, cached beside the node venv.
+    """
+    skew = VENV.parent / ("skew-ray-%s-venv" % SKEW_RAY)
+    if not (skew / ".done").exists():
+        shutil.rmtree(skew, ignore_errors=True)
+        subprocess.run(["python3.11", "-m", "venv", str(skew)], check=True)
+        subprocess.run([str(skew / "bin" / "pip"), "install", "-q", "--no-deps", "ray==%s" % SKEW_RAY], check=True)
+        site = "lib/python3.11/site-packages"
+        (skew / site / "node-venv.pth").write_text(str(VENV / site) + "\n")
+        (skew / ".done").write_text("")
+    return skew
+
+
 def _bad_inventory(tmp_path: Path, case: str) -> Path:
     inv = tmp_path / case
     shutil.copytree(LAB_INVENTORY, inv)
@@ -146,6 +165,8 @@ def _bad_inventory(tmp_path: Path, case: str) -> Path:
         host_var("spark2", fabric_ip="198.18.200.12")
     elif case == "not-carried":
         host_var("spark2", fabric_ip="198.18.200.50")
+    elif case == "stack-skew":
+        host_var("spark2", ray_stack_interpreter=[str(skew_venv() / "bin" / "python")])
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     return inv
 
@@ -158,6 +179,8 @@ def _bad_inventory(tmp_path: Path, case: str) -> Path:
         ("outside-cidr", "spark2: fabric_ip 198.18.201.13 is outside fabric_cidr 198.18.200.0/24"),
         ("duplicate", "spark1 and spark2 both have fabric_ip 198.18.200.12"),
         ("not-carried", "spark2: no interface carries fabric_ip 198.18.200.50"),
+        # The stack check: spark2's runtime holds another Ray (a real Ray 2.49.2 wheel over the node venv).
+        ("stack-skew", "ray differs between nodes (spark1: 2.60.0; spark2: %s)" % SKEW_RAY),
     ],
 )
 def test_bad_inventory_stops_before_any_change(lab, tmp_path, case, message):
@@ -165,7 +188,7 @@ def test_bad_inventory_stops_before_any_change(lab, tmp_path, case, message):
     env_before = node_exec("spark2", "stat", "-c", "%Y", "/etc/multinode-vllm/node.env")
     result = run_playbook("playbooks/deploy.yml", *NO_SERVE, inventory=_bad_inventory(tmp_path, case))
     assert result.rc != 0, result.output[-3000:]
-    assert message in result.output, result.output[-3000:]
+    assert message in " ".join(result.output.split()), result.output[-3000:]
     counts = recap(result.output)
     assert all(c.get("changed", 0) == 0 for c in counts.values()), counts
     assert {n: ray_pids(n)["raylet"] for n in ("spark1", "spark2")} == before

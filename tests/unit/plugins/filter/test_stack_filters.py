@@ -45,7 +45,7 @@ def test_host_without_facts_is_named():
 
 
 def test_bad_allow_list_is_a_filter_error():
-    with pytest.raises(AnsibleFilterError, match="multinode_stack_allow_skew\\[0\\] = 'gpu': not a stack component"):
+    with pytest.raises(AnsibleFilterError, match="ray_stack_allow_skew\\[0\\] = 'gpu': not a stack component"):
         stack_errors(hostvars(), ["spark1", "spark2"], ["gpu"])
 
 

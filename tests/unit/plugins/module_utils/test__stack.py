@@ -37,7 +37,7 @@ def test_a_difference_names_the_component_every_host_with_its_value_and_the_fix(
     assert errors == [
         "torch differs between nodes (spark1, spark2: 2.8.0+cu128; spark3: 2.9.0); install the same torch version on "
         "every node (or run the same image), or, if the difference is known to be harmless, add "
-        "{component: torch, reason: <why>} to multinode_stack_allow_skew"]
+        "{component: torch, reason: <why>} to ray_stack_allow_skew"]
 
 
 def test_every_differing_component_is_reported_in_component_order():
@@ -75,14 +75,14 @@ def test_allowing_one_component_still_reports_the_others():
 
 
 @pytest.mark.parametrize("allow, message", [
-    (["tourch"], "multinode_stack_allow_skew[0] = 'tourch': not a stack component; expected one of "
+    (["tourch"], "ray_stack_allow_skew[0] = 'tourch': not a stack component; expected one of "
                  + ", ".join(COMPONENTS)),
-    ([{"component": "nvcc", "reason": "x"}], "multinode_stack_allow_skew[0] = 'nvcc': not a stack component"),
-    (["torch", 3], "multinode_stack_allow_skew[1] = 3: not a stack component"),
+    ([{"component": "nvcc", "reason": "x"}], "ray_stack_allow_skew[0] = 'nvcc': not a stack component"),
+    (["torch", 3], "ray_stack_allow_skew[1] = 3: not a stack component"),
     ([{"component": "torch", "why": "x"}], "unknown key(s) why; an entry has only component and reason"),
-    ([{"component": "torch", "reason": 5}], "multinode_stack_allow_skew[0]: reason = 5: expected text"),
-    ("torch", "multinode_stack_allow_skew = 'torch': expected a list of component names"),
-    ({"component": "torch"}, "multinode_stack_allow_skew = {'component': 'torch'}: expected a list"),
+    ([{"component": "torch", "reason": 5}], "ray_stack_allow_skew[0]: reason = 5: expected text"),
+    ("torch", "ray_stack_allow_skew = 'torch': expected a list of component names"),
+    ({"component": "torch"}, "ray_stack_allow_skew = {'component': 'torch'}: expected a list"),
 ])
 def test_bad_allow_list_entry_names_the_value_and_the_valid_names(allow, message):
     with pytest.raises(StackError) as caught:
