@@ -42,7 +42,7 @@ def test_a_difference_names_the_component_every_host_with_its_value_and_the_fix(
 
 def test_every_differing_component_is_reported_in_component_order():
     errors = stack_errors(cluster(spark1={"driver": "575.51.03"}, spark2={"nccl": "system libnccl 2.21.5"}))
-    assert [e.split(" ")[0] for e in errors] == ["nccl", "driver"]
+    assert [e.split(" ", maxsplit=1)[0] for e in errors] == ["nccl", "driver"]
     assert "spark1, spark3: pip nvidia-nccl-cu12 2.27.3; spark2: system libnccl 2.21.5" in errors[0]
     assert "spark1: 575.51.03; spark2, spark3: 580.95.05" in errors[1]
     assert "install the same NVIDIA driver version on every node" in errors[1]
@@ -118,7 +118,7 @@ def test_image_id_and_model_are_compared_when_reported():
                      spark2={"image_id": "sha256:1", "model_manifest": manifest},
                      spark3={"image_id": "sha256:2", "model_manifest": other})
     errors = stack_errors(stacks)
-    assert [e.split(" ")[0] for e in errors] == ["image_id", "model"]
+    assert [e.split(" ", maxsplit=1)[0] for e in errors] == ["image_id", "model"]
     assert "spark1, spark2: sha256:1; spark3: sha256:2" in errors[0] and "pull or rebuild the same image" in errors[0]
     assert "spark1, spark2: %s; spark3: %s" % (manifest_digest(manifest), manifest_digest(other)) in errors[1]
 

@@ -173,7 +173,14 @@ def test_spawned_sender_exits_when_every_worker_is_done(model, tmp_path):
                        str(tmp_path / "state"))
     assert pid > 0
     pull(port, tmp_path / "w", entries)
-    running, summary = stop_sender(port, str(tmp_path / "state"))
+    # The sender exits by itself, writing its summary, once the puller's last connection is closed: wait for that
+    # (bounded) rather than race it with a QUIT, which would stop it with the reason "stopped" on a loaded machine.
+    summary_path = _transfer.state_file(str(tmp_path / "state"), port)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(summary_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _running, summary = stop_sender(port, str(tmp_path / "state"))
+    assert summary is not None, "no summary 20 s after every worker said done"
     assert summary["reason"] == "every worker done" and summary["done"] == [LO]
     assert stop_sender(port, str(tmp_path / "state")) == (False, None)
 
