@@ -135,7 +135,7 @@ importer-lock: ## Re-pin requirements/importer.lock from requirements/importer.i
 
 lab-runtime: lab-venv lab-model ## Build the lab's node venv (Ray, vLLM CPU) and the tiny model (cached)
 
-integration: setup system-deps lab-runtime ## Lab tests and integration tests over the lab (root)
+integration: setup system-deps lab-runtime lab-image ## Lab tests and integration tests over the lab (root)
 	$(BIN)/pytest -q -p no:cacheprovider tests/lab tests/integration
 
 molecule: setup system-deps lab-runtime ## The molecule scenario(s) over the lab
@@ -149,9 +149,11 @@ clean: ## Remove the venv and caches (not the lab; see lab-down / lab-clean)
 	rm -rf $(VENV) .cache .pytest_cache tests/output
 
 BACKEND ?= ray
-demo: setup system-deps lab-runtime ## Lab up, deploy + serve the tiny model (TP=2, BACKEND=ray|native), print a completion; stays up
-	$(LABCTL) up 2
+RUNTIME ?= process
+demo: setup system-deps lab-runtime $(if $(filter docker,$(RUNTIME)),lab-image) ## Lab up, deploy + serve the tiny model (TP=2, BACKEND=ray|native, RUNTIME=process|docker), print a completion; stays up
+	$(LABCTL) up 2 --kind $(RUNTIME)
 	set -o pipefail; $(BIN)/ansible-playbook -i inventories/lab playbooks/deploy.yml -e vllm_backend=$(BACKEND) \
+	  -e multinode_runtime=$(RUNTIME) \
 	  | tee .cache/demo.log
 	@echo; echo "== make demo ($(BACKEND)): node table, one completion, tokens/s =="
 	@sed -n '/TASK \[Show the node table\]/,/^$$/p;/TASK \[Show one completion/,/^$$/p' .cache/demo.log \
@@ -161,7 +163,7 @@ demo: setup system-deps lab-runtime ## Lab up, deploy + serve the tiny model (TP
 	@echo "  -d '{\"model\": \"tiny\", \"prompt\": \"Hello\", \"max_tokens\": 16}'     (make demo-down when done)"
 
 demo-down: ## Tear down what demo started (serve, Ray), then the lab
-	-$(BIN)/ansible-playbook -i inventories/lab playbooks/teardown.yml
+	-$(BIN)/ansible-playbook -i inventories/lab playbooks/teardown.yml -e multinode_runtime=$(RUNTIME)
 	$(LABCTL) down
 
 bench: setup system-deps lab-runtime ## Serve benchmark on the lab (collection vs hand-launched); writes docs/benchmarks.md (section Serve)

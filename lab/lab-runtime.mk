@@ -23,10 +23,15 @@ LAB_NODE_VENV ?= $(LAB_CACHE_DIR)/node-venv
 LAB_MODEL_DIR ?= $(LAB_CACHE_DIR)/models/tiny-qwen2
 LAB_PYTHON ?= python3.11
 
-.PHONY: lab-venv lab-model
+.PHONY: lab-venv lab-model lab-image
 
 lab-venv:
 	NODE_VENV='$(LAB_NODE_VENV)' PYTHON='$(LAB_PYTHON)' '$(LAB_RUNTIME_REPO_ROOT)/lab/build-node-venv.sh'
 
 lab-model: lab-venv
 	PYTHONDONTWRITEBYTECODE=1 '$(LAB_NODE_VENV)/bin/python' '$(LAB_RUNTIME_REPO_ROOT)/lab/make-tiny-model.py' '$(LAB_MODEL_DIR)'
+
+# The docker kind's node image (Debian 12 rootfs from debootstrap + this venv's pinned set, built inside it), as a
+# `docker save` archive under $(LAB_CACHE_DIR)/node-image/<inputs hash>; labctl loads it into each node's daemon.
+lab-image:
+	LAB_ROOT='$(abspath $(LAB_CACHE_DIR)/..)' '$(LAB_RUNTIME_REPO_ROOT)/lab/build-node-image.py'

@@ -17,6 +17,9 @@ LAB_INVENTORY ?= $(if $(wildcard $(LAB_ROOT)/run/inventory/hosts.yml),$(LAB_ROOT
 export LAB_ROOT LAB_NODES LAB_INVENTORY
 
 LAB_DEPS := openssh-server openssh-client iproute2 nftables procps util-linux
+# The docker kind: Debian's Docker engine (a daemon per node), debootstrap for the node image, and requests on the
+# nodes' system Python (community.docker's modules talk to the daemon's API with it).
+LAB_DEPS += docker.io debootstrap python3-requests
 LAB_ANSIBLE ?= $(or $(wildcard $(LAB_REPO_ROOT)/.venv/bin/ansible),$(shell command -v ansible 2>/dev/null),$(wildcard /tmp/cvenv/bin/ansible),ansible)
 LAB_PYTEST ?= $(if $(wildcard $(LAB_REPO_ROOT)/.venv/bin/pytest),$(LAB_REPO_ROOT)/.venv/bin/pytest,python3 -m pytest)
 

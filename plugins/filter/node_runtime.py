@@ -87,9 +87,13 @@ options:
     type: str
     default: 16g
   gpus:
-    description: V(all) or a count (docker runtime).
+    description: V(all), a count, or V(none) for no GPU request (docker runtime).
     type: str
     default: all
+  rdma:
+    description: Pass C(/dev/infiniband) into the container (docker runtime); false on hosts without RDMA devices.
+    type: bool
+    default: true
   role:
     description: Label value, for example V(head) (docker runtime).
     type: str
@@ -116,6 +120,7 @@ _value:
 """
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.multinode.vllm.plugins.module_utils._runtime import RuntimeConfigError, render
 
@@ -123,14 +128,14 @@ from ansible_collections.multinode.vllm.plugins.module_utils._runtime import Run
 def node_runtime(env, runtime, name, program, args, env_file, python="", launcher="", log_dir="/var/log/multinode-vllm",
                  run_dir="/run/multinode-vllm", include_dir="/etc/multinode-vllm/supervisor.d",
                  image="", model_dir=None, shm_size="16g", gpus="all", role=None, restart_on=None,
-                 image_var="", env_files=()):
+                 image_var="", env_files=(), rdma=True):
     try:
         return render(
             str(runtime), str(name), {str(k): str(v) for k, v in dict(env).items()}, str(program),
             [str(a) for a in args], str(env_file), python=str(python), launcher=str(launcher), log_dir=str(log_dir),
             run_dir=str(run_dir), include_dir=str(include_dir), image=str(image or ""), model_dir=model_dir, shm_size=str(shm_size), gpus=str(gpus), role=role,
             restart_on=dict(restart_on) if restart_on else None, image_var=str(image_var or ""),
-            env_files=[str(path) for path in (env_files or [])],
+            env_files=[str(path) for path in (env_files or [])], rdma=boolean(rdma, strict=True),
         )
     except RuntimeConfigError as exc:
         raise AnsibleFilterError(str(exc))

@@ -40,6 +40,10 @@ from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec impo
 from ansible_collections.multinode.vllm.plugins.module_utils._text import one_line_error
 
 RUNTIMES = ("process", "systemd", "docker")
+# Under docker, the Ray and vLLM containers of a node share one /tmp, as processes of one host do: Ray's session
+# directory (a driver reaches its raylet's sockets there) and vLLM's IPC sockets (shm_broadcast's local readers in
+# the Ray container connect to the EngineCore's ipc:// path under /tmp) live in it.
+CONTAINER_TMP = "/var/lib/multinode-vllm/container-tmp"
 
 # Name of the variable that carries the config hash into the running process.
 HASH_ENV = "MULTINODE_VLLM_CONFIG_HASH"
@@ -278,14 +282,16 @@ def docker_container_params(
                  [*_command_words(command or [program, *args]), ("env_file", env_file_path), ("image", image)])
     if not image:
         raise RuntimeConfigError("container %s: no image given; set the image variable" % name)
+    # "none": no GPU request at all (a host without the NVIDIA container toolkit, such as the lab's CPU nodes).
+    device_requests: list[dict[str, Any]] = []
     if gpus == "all":
-        device_request: dict[str, Any] = {"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}
-    else:
+        device_requests = [{"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}]
+    elif gpus != "none":
         try:
             count = int(gpus)
         except ValueError:
-            raise RuntimeConfigError("container %s: gpus must be 'all' or a number; got %r" % (name, gpus))
-        device_request = {"driver": "nvidia", "count": count, "capabilities": [["gpu"]]}
+            raise RuntimeConfigError("container %s: gpus must be 'all', 'none' or a number; got %r" % (name, gpus))
+        device_requests = [{"driver": "nvidia", "count": count, "capabilities": [["gpu"]]}]
     labels = {HASH_LABEL: digest, "multinode.vllm.program": program}
     if role:
         labels["multinode.vllm.role"] = role
@@ -298,15 +304,19 @@ def docker_container_params(
         "env": {HASH_ENV: digest},
         "network_mode": "host",
         "ipc_mode": "host",
-        "device_requests": [device_request],
-        "capabilities": ["IPC_LOCK"],
-        "ulimits": ["memlock:-1:-1"],
+        # A Ray driver (vllm serve) finds its node's raylet by scanning processes and reaching the sockets in the
+        # session directory: the Ray and vLLM containers share the host's process table and one /tmp.
+        "pid_mode": "host",
+        "device_requests": device_requests,
         "shm_size": shm_size,
         "restart_policy": "unless-stopped",
         "labels": labels,
     }
-    if infiniband:
-        params["devices"] = ["/dev/infiniband:/dev/infiniband:rwm"]
+    # RDMA needs the devices, and pinned memory: IPC_LOCK and an unlimited memlock. Without RDMA none of them (a
+    # daemon without CAP_SYS_RESOURCE cannot raise the memlock limit, and the container would not start).
+    params["devices"] = ["/dev/infiniband:/dev/infiniband:rwm"] if infiniband else []
+    params["capabilities"] = ["IPC_LOCK"] if infiniband else []
+    params["ulimits"] = ["memlock:-1:-1"] if infiniband else []
     # The env file's directory, read only: vLLM's non-carry-over list and Ray's token file live there, at the
     # paths the env file names.
     mounts = []
@@ -315,6 +325,7 @@ def docker_container_params(
             mounts.append({"type": "bind", "source": folder, "target": folder, "read_only": True})
     if model_dir:
         mounts.append({"type": "bind", "source": model_dir, "target": model_dir, "read_only": True})
+    mounts.append({"type": "bind", "source": CONTAINER_TMP, "target": "/tmp", "read_only": False})
     params["mounts"] = mounts
     return params
 
@@ -339,10 +350,14 @@ def render(
     restart_on: Optional[Mapping[str, Any]] = None,
     image_var: str = "",
     env_files: Sequence[str] = (),
+    rdma: bool = True,
 ) -> dict[str, Any]:
     """Everything a role needs for one process under ``runtime``, with its config hash.
 
     ``image_var`` names the inventory variable the image comes from, for the error when it is empty.
+
+    ``rdma`` passes ``/dev/infiniband`` into a container with ``IPC_LOCK`` and an unlimited memlock (docker only; a
+    host without RDMA devices sets it false).
 
     ``restart_on`` holds values that are not in the env or the arguments but must restart the process when they
     change, such as the digest of a secret file the process reads at start (never the secret itself).
@@ -371,6 +386,9 @@ def render(
                 "vLLM (docs/install.md lists what each runtime needs on a node), or set multinode_runtime to process "
                 "or systemd" % (name, var, var))
         extra["image"] = image
+        # The container's device and resource settings too: a change must recreate it, and docker_container's own
+        # comparison lets a container keep more ulimits or devices than asked for.
+        extra["container"] = {"gpus": gpus, "rdma": bool(rdma), "shm_size": shm_size, "model_dir": model_dir or ""}
     digest = config_hash(env, args, extra)
     result: dict[str, Any] = {"runtime": runtime, "hash": digest, "args": [str(a) for a in args]}
     if runtime == "process":
@@ -390,6 +408,6 @@ def render(
         read_dirs = [posixpath.dirname(path) for path in [launcher, *env_files]] if env_files else []
         result["docker"] = docker_container_params(
             name, image, env_file_path, program, args, digest, model_dir=model_dir, shm_size=shm_size, gpus=gpus,
-            role=role, command=launched, read_dirs=read_dirs,
+            infiniband=rdma, role=role, command=launched, read_dirs=read_dirs,
         )
     return result

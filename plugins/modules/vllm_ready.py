@@ -72,9 +72,11 @@ options:
     type: int
     default: 64
   logs:
-    description: Log files of this node to tail (the serve log first).
+    description:
+      - Log files of this node to tail (the serve log first).
+      - V(docker:NAME) reads the log of container NAME (C(docker logs), its output and error streams) instead.
     type: list
-    elements: path
+    elements: str
     default: [/var/log/multinode-vllm/vllm.log]
   lines:
     description: Lines kept from the end of each log.
@@ -165,6 +167,7 @@ cause:
 """
 
 import os
+import subprocess
 from collections import deque
 
 from ansible.module_utils.basic import AnsibleModule
@@ -176,7 +179,28 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve_failure impo
 FIRST_ERROR_SCAN = 32 * 1024 * 1024
 
 
+DOCKER_PREFIX = "docker:"
+# Lines of a container's log scanned for its first exception (docker logs has no byte offset).
+FIRST_ERROR_LINES = 200000
+
+
+def container_log(name: str, lines: int):
+    """The last ``lines`` lines of container ``name``'s log (both streams, each in order), or an error string."""
+    try:
+        proc = subprocess.run(["docker", "logs", "--tail", str(lines), name], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "(cannot read the log of container %s: %s)" % (name, exc)
+    text = proc.stdout.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        return "(cannot read the log of container %s: %s)" % (name, text.strip()[-300:])
+    return text.splitlines()[-lines:]
+
+
 def tail(path: str, lines: int) -> list:
+    if path.startswith(DOCKER_PREFIX):
+        got = container_log(path[len(DOCKER_PREFIX):], lines)
+        return [got] if isinstance(got, str) else got
     try:
         with open(path, "r", errors="replace") as handle:
             return [line.rstrip("\n") for line in deque(handle, maxlen=lines)]
@@ -186,6 +210,9 @@ def tail(path: str, lines: int) -> list:
 
 def first_error(path: str):
     """The first traceback's exception in the log's last FIRST_ERROR_SCAN bytes (None: none, or unreadable)."""
+    if path.startswith(DOCKER_PREFIX):
+        got = container_log(path[len(DOCKER_PREFIX):], FIRST_ERROR_LINES)
+        return None if isinstance(got, str) else first_exception(got)
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -227,7 +254,7 @@ def main() -> None:
             max_tokens=dict(type="int", default=16, no_log=False),
             burst_requests=dict(type="int", default=3),
             burst_tokens=dict(type="int", default=64, no_log=False),
-            logs=dict(type="list", elements="path", default=["/var/log/multinode-vllm/vllm.log"]),
+            logs=dict(type="list", elements="str", default=["/var/log/multinode-vllm/vllm.log"]),
             lines=dict(type="int", default=40),
             connections=dict(type="bool", default=False),
             first_errors=dict(type="bool", default=False),

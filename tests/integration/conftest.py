@@ -70,7 +70,7 @@ def run_playbook(playbook: str, *args: str, inventory: Path | str = LAB_INVENTOR
 def lab2():
     """A 2-node lab, brought up if needed (idempotent) and left in place for later tests."""
     require_root()
-    labctl("up", "2")
+    labctl("up", "2", "--kind", "process")
     yield LAB_INVENTORY
 
 
@@ -121,7 +121,7 @@ def torn_down_lab():
     """A module's 2-node lab with nothing deployed; afterwards torn down (with the inventory labctl holds then,
     which a test may have grown) and the lab brought down. Use as ``yield from torn_down_lab()`` in a fixture."""
     require_root()
-    labctl("up", "2")
+    labctl("up", "2", "--kind", "process")
     run_playbook("playbooks/teardown.yml")
     yield LAB_INVENTORY
     inventory = labctl("inventory").strip().splitlines()[-1]

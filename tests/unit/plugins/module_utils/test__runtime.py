@@ -181,11 +181,15 @@ def test_docker_params():
     assert params["ulimits"] == ["memlock:-1:-1"]
     assert params["shm_size"] == "32g"
     assert params["restart_policy"] == "unless-stopped"
-    # The env file's directory (Ray's token, vLLM's non-carry-over list) and the model, both read only.
+    # The env file's directory (Ray's token, vLLM's non-carry-over list) and the model, both read only; Ray's
+    # session directory and vLLM's IPC sockets in one /tmp shared by the node's containers (with the host's process
+    # table), so vllm serve's Ray driver finds the raylet and the Ray workers reach the EngineCore.
     assert params["mounts"] == [
         {"type": "bind", "source": "/etc/multinode-vllm", "target": "/etc/multinode-vllm", "read_only": True},
         {"type": "bind", "source": "/models", "target": "/models", "read_only": True},
+        {"type": "bind", "source": "/var/lib/multinode-vllm/container-tmp", "target": "/tmp", "read_only": False},
     ]
+    assert params["pid_mode"] == "host"
     assert params["labels"][HASH_LABEL] == out["hash"] and params["labels"]["multinode.vllm.role"] == "worker"
     assert "VLLM_HOST_IP" not in params["env"]
 
@@ -200,6 +204,24 @@ def test_docker_image_change_changes_the_hash():
 def test_docker_gpu_count(gpus, count):
     params = docker_container_params("c", "img", "/e", "ray", [], "h", gpus=gpus)
     assert params["device_requests"][0]["count"] == count
+
+
+def test_docker_no_gpu_request_and_no_rdma_devices_when_switched_off():
+    # The lab's CPU nodes: a device request for the nvidia driver, or /dev/infiniband, would fail the container.
+    params = render("docker", "c", ENV, "ray", ARGS, "/e", image="img", gpus="none", rdma=False)["docker"]
+    assert params["device_requests"] == []
+    assert params["devices"] == [] and params["capabilities"] == [] and params["ulimits"] == []
+    default = render("docker", "c", ENV, "ray", ARGS, "/e", image="img")["docker"]
+    assert default["devices"] == ["/dev/infiniband:/dev/infiniband:rwm"]
+    assert default["capabilities"] == ["IPC_LOCK"] and default["ulimits"] == ["memlock:-1:-1"]
+    assert default["device_requests"][0]["driver"] == "nvidia"
+
+
+@pytest.mark.parametrize("kw", [{"gpus": "none"}, {"rdma": False}, {"shm_size": "1g"}, {"model_dir": "/m"}])
+def test_a_container_setting_changes_the_hash(kw):
+    # The hash is the container's env and label: a changed setting recreates the container.
+    assert render("docker", "c", ENV, "ray", ARGS, "/e", image="img", **kw)["hash"] != \
+        render("docker", "c", ENV, "ray", ARGS, "/e", image="img")["hash"]
 
 
 @pytest.mark.parametrize("kw, match", [({"image": ""}, "no image"), ({"image": "i", "gpus": "some"}, "gpus")])

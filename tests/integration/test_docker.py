@@ -1,0 +1,119 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The docker runtime, really run: lab nodes with a Docker daemon each (`labctl up --kind docker`) holding the
+lab's node image (lab/build-node-image.py), and the collection deploying Ray and vLLM as containers on them with
+the lab inventory unchanged except ``multinode_runtime``."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import LABCTL, labctl, ray_pids, recap, run_playbook, serve_pids
+
+IMAGE = "multinode-vllm-lab/node:current"
+DOCKER = ("-e", "multinode_runtime=docker")
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root (network namespaces, sshd, dockerd)"),
+]
+
+
+def docker(node: str, *args: str, check: bool = True) -> str:
+    result = subprocess.run([str(LABCTL), "exec", node, "--", "docker", *args], capture_output=True, text=True,
+                            check=False)
+    if check and result.returncode != 0:
+        raise AssertionError("docker %s on %s failed: %s" % (" ".join(args), node, result.stderr))
+    return result.stdout
+
+
+def containers(node: str) -> dict[str, dict]:
+    """name -> {id, image (ID), started, running} of every container of the node's daemon."""
+    ids = docker(node, "ps", "-aq").split()
+    if not ids:
+        return {}
+    found = {}
+    for item in json.loads(docker(node, "inspect", *ids)):
+        found[item["Name"].lstrip("/")] = {"id": item["Id"], "image": item["Image"],
+                                           "started": item["State"]["StartedAt"],
+                                           "running": item["State"]["Running"]}
+    return found
+
+
+@pytest.fixture(scope="module")
+def lab():
+    try:
+        labctl("up", "2", "--kind", "docker")
+        run_playbook("playbooks/teardown.yml", *DOCKER)
+        yield
+        result = run_playbook("playbooks/teardown.yml", *DOCKER)
+        left = {node: containers(node) for node in ("spark1", "spark2")}
+        assert result.rc == 0, result.output[-3000:]
+        # Teardown leaves no container of the collection behind.
+        assert left == {"spark1": {}, "spark2": {}}, left
+    finally:
+        # The next module's lab is a process one (labctl keeps a running lab's kind).
+        labctl("down")
+
+
+def test_each_node_daemon_holds_the_same_image_and_its_host_network_is_the_node(lab):
+    ids = {node: docker(node, "image", "inspect", "--format", "{{.Id}}", IMAGE).strip() for node in ("spark1", "spark2")}
+    assert ids["spark1"] == ids["spark2"] and ids["spark1"].startswith("sha256:"), ids
+    # A host-network container of spark2's daemon sees spark2's fabric address and not spark1's.
+    seen = docker("spark2", "run", "--rm", "--network", "host", "--entrypoint", "ip", IMAGE, "-o", "-4", "addr")
+    assert "198.18.200.13/" in seen and "198.18.200.12/" not in seen, seen
+
+
+def test_deploy_runs_ray_and_vllm_as_containers_and_serves_a_completion(lab):
+    run = run_playbook("playbooks/deploy.yml", *DOCKER, timeout=900)
+    assert run.rc == 0, run.output[-5000:]
+    assert "completion:" in run.output and "tokens/s" in run.output
+    head, worker = containers("spark1"), containers("spark2")
+    assert head["multinode-ray"]["running"] and head["multinode-vllm"]["running"], head
+    assert worker["multinode-ray"]["running"] and "multinode-vllm" not in worker, worker
+    # One image ID everywhere (the archive's ID, loaded into both daemons).
+    image_ids = {c["image"] for c in [*head.values(), *worker.values()]}
+    assert len(image_ids) == 1, image_ids
+    # The processes are the containers' (host network: in the node's network namespace), from the image's venv.
+    assert ray_pids("spark1").get("raylet") and ray_pids("spark2").get("raylet")
+    assert serve_pids("spark1")
+
+
+def test_a_second_deploy_changes_and_restarts_nothing(lab):
+    before = {node: containers(node) for node in ("spark1", "spark2")}
+    run = run_playbook("playbooks/deploy.yml", *DOCKER, timeout=900)
+    assert run.rc == 0, run.output[-5000:]
+    assert all(counts["changed"] == 0 for counts in recap(run.output).values()), recap(run.output)
+    after = {node: containers(node) for node in ("spark1", "spark2")}
+    assert after == before
+
+
+def test_verify_passes_on_the_docker_cluster(lab):
+    run = run_playbook("playbooks/verify.yml", *DOCKER)
+    assert run.rc == 0, run.output[-5000:]
+
+
+def test_a_node_whose_image_differs_is_refused_naming_it_and_both_ids(lab):
+    original = docker("spark2", "image", "inspect", "--format", "{{.Id}}", IMAGE).strip()
+    # A real second image: the same rootfs plus one file, committed in spark2's daemon under the tag in use.
+    docker("spark2", "rm", "-f", "skew", check=False)
+    docker("spark2", "run", "--name", "skew", "--entrypoint", "touch", IMAGE, "/skew")
+    docker("spark2", "commit", "skew", IMAGE)
+    docker("spark2", "rm", "-f", "skew")
+    skewed = docker("spark2", "image", "inspect", "--format", "{{.Id}}", IMAGE).strip()
+    assert skewed != original
+    before = {node: containers(node) for node in ("spark1", "spark2")}
+    try:
+        run = run_playbook("playbooks/deploy.yml", *DOCKER, timeout=900)
+    finally:
+        docker("spark2", "tag", original, IMAGE)
+        docker("spark2", "rmi", skewed, check=False)
+    assert run.rc != 0
+    assert "image_id differs between nodes" in run.output, run.output[-4000:]
+    assert original in run.output and skewed in run.output
+    assert all(counts["changed"] == 0 for counts in recap(run.output).values()), recap(run.output)
+    assert {node: containers(node) for node in ("spark1", "spark2")} == before
