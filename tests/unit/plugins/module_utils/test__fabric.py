@@ -41,7 +41,7 @@ def test_spark_selection_is_the_fabric_port_not_mgmt_nor_twin(layout):
         "prefix": 24,
         "network": "198.18.200.0/24",
         "mtu": 9000,
-        "hca_ports": ["rocep1s0f1:1"],
+        "hca_ports": ["rocep1s0f1:1", "roceP2p1s0f1:1"],
         "rdma": [
             {"hca": "rocep1s0f1", "port": 1, "state": "4: ACTIVE", "link_layer": "Ethernet", "netdev": "enp1s0f1np1"}
         ],
@@ -50,6 +50,17 @@ def test_spark_selection_is_the_fabric_port_not_mgmt_nor_twin(layout):
         "mgmt_ip": "192.168.1.21",
         "warnings": [],
         "link_error": None,
+        # Both endpoints of the cabled QSFP port; the empty cage's (f0) are not the fabric's.
+        "fabric_port": [
+            {"netdev": "enp1s0f1np1", "role": "fabric", "pci_slot": "0000:01:00.1", "phys_port_name": "p1",
+             "operstate": "up", "speed": 200000, "mtu": 9000, "ip": "198.18.200.12", "hca": "rocep1s0f1", "port": 1,
+             "rdma_state": "4: ACTIVE", "gid_index": 3, "used": True, "problem": None},
+            {"netdev": "enP2p1s0f1np1", "role": "sibling", "pci_slot": "0002:01:00.1", "phys_port_name": "p1",
+             "operstate": "up", "speed": 200000, "mtu": 9000, "ip": "198.18.201.12", "hca": "roceP2p1s0f1",
+             "port": 1, "rdma_state": "4: ACTIVE", "gid_index": 3, "used": True, "problem": None},
+        ],
+        # fabric_cidr's smallest supernet holding both halves' addresses (198.18.200.12 and 198.18.201.12).
+        "addr_range": "198.18.200.0/23",
     }
 
 
@@ -58,11 +69,12 @@ SELECT_CASES = [
     ("spark-named-ip", "spark1", {}, {"fabric_ip": "198.18.200.12"},
      {"interface": "enp1s0f1np1", "ip": "198.18.200.12", "gid_index": 3}),
     ("spark-named-interface", "spark1", {}, {"fabric_interface": "enp1s0f1np1"},
-     {"interface": "enp1s0f1np1", "ip": "198.18.200.12", "hca_ports": ["rocep1s0f1:1"]}),
+     {"interface": "enp1s0f1np1", "ip": "198.18.200.12", "hca_ports": ["rocep1s0f1:1", "roceP2p1s0f1:1"]}),
     ("spark-named-both", "spark1", {}, {"fabric_interface": "enp1s0f1np1", "fabric_ip": "198.18.200.12"},
      {"interface": "enp1s0f1np1", "ip": "198.18.200.12"}),
     ("spark-twin-subnet-as-fabric", "spark1", {}, {"cidr": "198.18.201.0/24"},
-     {"interface": "enP2p1s0f1np1", "ip": "198.18.201.12", "hca_ports": ["roceP2p1s0f1:1"], "gid_index": 3}),
+     {"interface": "enP2p1s0f1np1", "ip": "198.18.201.12", "hca_ports": ["roceP2p1s0f1:1", "rocep1s0f1:1"],
+      "gid_index": 3, "addr_range": "198.18.200.0/23"}),
     ("spark2-gid-at-4-ipv6-ignored", "spark2", {}, {},
      {"interface": "enp1s0f1np1", "ip": "198.18.200.13", "prefix": 24, "gid_index": 4}),
     ("no-default-route-mgmt-none", "spark1", {"enP7s7": {"default_route": False}}, {},
@@ -70,9 +82,10 @@ SELECT_CASES = [
     ("mgmt-without-ipv4", "spark1", {"enP7s7": {"addresses": []}}, {},
      {"interface": "enp1s0f1np1", "mgmt_interface": "enP7s7", "mgmt_ip": None}),
     ("two-ports-resolved-by-interface", "spark_two_ports", {}, {"fabric_interface": "enP2p1s0f1np1"},
-     {"interface": "enP2p1s0f1np1", "ip": "198.18.200.114", "hca_ports": ["roceP2p1s0f1:1"], "gid_index": 3}),
+     {"interface": "enP2p1s0f1np1", "ip": "198.18.200.114", "hca_ports": ["roceP2p1s0f1:1", "rocep1s0f1:1"],
+      "gid_index": 3, "addr_range": CIDR}),
     ("two-ports-resolved-by-ip", "spark_two_ports", {}, {"fabric_ip": "198.18.200.14"},
-     {"interface": "enp1s0f1np1", "ip": "198.18.200.14", "hca_ports": ["rocep1s0f1:1"]}),
+     {"interface": "enp1s0f1np1", "ip": "198.18.200.14", "hca_ports": ["rocep1s0f1:1", "roceP2p1s0f1:1"]}),
     ("hca-prefix-trap-only-mlx5_1", "hgx_prefix_trap", {}, {},
      {"interface": "ens1f1np1", "hca_ports": ["mlx5_1:1"], "gid_index": 3, "mgmt_interface": "eno1np0"}),
     ("operstate-unknown-no-carrier-file", "spark1", {"enp1s0f1np1": {"operstate": "unknown", "carrier": None}}, {},
@@ -84,7 +97,7 @@ SELECT_CASES = [
      {}, {"interface": "eth0", "ip": "198.18.200.31", "mgmt_interface": "eth0", "mgmt_ip": "192.168.1.31"}),
     ("roce-v1-only-no-gid-index", "spark1", {"rocep1s0f1": {"gids": [
         {"index": 2, "gid": "0000:0000:0000:0000:0000:ffff:c612:c80c", "type": "IB/RoCE v1"}]}}, {},
-     {"hca_ports": ["rocep1s0f1:1"], "gid_index": None}),
+     {"hca_ports": ["rocep1s0f1:1", "roceP2p1s0f1:1"], "gid_index": None}),
 ]
 
 
@@ -289,7 +302,8 @@ def test_selection_round_trips_through_facts(layout):
     facts = selection.as_dict()
     rebuilt = FabricSelection.from_dict(facts)
     assert rebuilt.as_dict() == facts
-    assert (rebuilt.gid_index, rebuilt.hca_ports, rebuilt.ip) == (4, ("rocep1s0f1:1",), "198.18.200.13")
+    assert (rebuilt.gid_index, rebuilt.hca_ports, rebuilt.ip) == (4, ("rocep1s0f1:1", "roceP2p1s0f1:1"), "198.18.200.13")
+    assert rebuilt.members == selection.members and rebuilt.addr_range == "198.18.200.0/23"
 
 
 @pytest.mark.parametrize(

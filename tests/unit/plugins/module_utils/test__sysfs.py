@@ -39,17 +39,20 @@ def test_spark_interfaces(spark1, sysfs_tree):
     )
     assert by_name["enP7s7"] == {
         "name": "enP7s7", "addresses": ["192.168.1.21/24"], "mtu": 1500, "operstate": "up", "carrier": True,
-        "speed": 10000, "default_route": True,
+        "speed": 10000, "default_route": True, "pci_slot": None, "phys_port_name": None,
     }
     assert by_name["enp1s0f1np1"] == {
         "name": "enp1s0f1np1", "addresses": ["198.18.200.12/24"], "mtu": 9000, "operstate": "up", "carrier": True,
-        "speed": 200000, "default_route": False,
+        "speed": 200000, "default_route": False, "pci_slot": "0000:01:00.1", "phys_port_name": "p1",
     }
     # A down link: carrier and speed unreadable, no IPv4 in `ip -4` (an empty {} entry).
     assert by_name["enp1s0f0np0"] == {
         "name": "enp1s0f0np0", "addresses": [], "mtu": 1500, "operstate": "down", "carrier": None,
-        "speed": None, "default_route": False,
+        "speed": None, "default_route": False, "pci_slot": "0000:01:00.0", "phys_port_name": "p0",
     }
+    # The other half of the fabric port: another PCI domain, the same bus, device, function and port name.
+    assert (by_name["enP2p1s0f1np1"]["pci_slot"], by_name["enP2p1s0f1np1"]["phys_port_name"]) == (
+        "0002:01:00.1", "p1")
 
 
 def test_spark_rdma(spark1, sysfs_tree):
@@ -67,16 +70,17 @@ def test_spark_rdma(spark1, sysfs_tree):
         {"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:c612:c80c", "type": "RoCE v2", "netdev": "enp1s0f1np1"},
     ]
     assert (ports["rocep1s0f0"]["state"], ports["rocep1s0f0"]["netdev"]) == ("1: DOWN", "enp1s0f0np0")
+    assert {p["sys_image_guid"] for p in ports.values()} == {"4cbb:4703:002c:1a0a"}
 
 
 def test_read_then_select_matches_the_recorded_layout(spark1, sysfs_tree, layout):
-    """What fabric_facts reads from the Spark selects exactly what networks.yml's spark1 selects."""
+    """What fabric_facts reads from the Spark fixture selects exactly what networks.yml's spark1 selects."""
     files, ip = spark1
     read = select_fabric("spark1", parse_network(read_network(sysfs_tree(files), ip=ip)), CIDR)
     written = select_fabric("spark1", parse_network(layout("spark1")), CIDR)
     assert read.as_dict() == written.as_dict()
     assert (read.interface, read.ip, read.mtu, read.hca_ports, read.gid_index, read.mgmt_interface) == (
-        "enp1s0f1np1", "198.18.200.12", 9000, ("rocep1s0f1:1",), 3, "enP7s7")
+        "enp1s0f1np1", "198.18.200.12", 9000, ("rocep1s0f1:1", "roceP2p1s0f1:1"), 3, "enP7s7")
 
 
 LINK_CASES = [
@@ -119,7 +123,7 @@ def test_no_sysfs_falls_back_to_ip(fixture_data, ip_runner, tmp_path):
     assert sorted(by_name) == ["enP2p1s0f1np1", "enP7s7", "enp1s0f1np1", "lo"]
     assert by_name["enp1s0f1np1"] == {
         "name": "enp1s0f1np1", "addresses": ["198.18.200.12/24"], "mtu": 9000, "operstate": "up", "carrier": None,
-        "speed": None, "default_route": False,
+        "speed": None, "default_route": False, "pci_slot": None, "phys_port_name": None,
     }
     assert not any(e["default_route"] for e in by_name.values())
     assert read_rdma(str(tmp_path / "nosys")) == []

@@ -33,7 +33,7 @@ def test_facts_of_the_spark(run_module):
     assert result["changed"] is False
     fabric = result["ansible_facts"]["multinode_fabric"]
     assert (fabric["interface"], fabric["ip"], fabric["mtu"], fabric["hca_ports"], fabric["gid_index"]) == (
-        "enp1s0f1np1", "198.18.200.12", 9000, ["rocep1s0f1:1"], 3)
+        "enp1s0f1np1", "198.18.200.12", 9000, ["rocep1s0f1:1", "roceP2p1s0f1:1"], 3)
     assert (fabric["mgmt_interface"], fabric["mgmt_ip"], fabric["link_error"]) == ("enP7s7", "192.168.1.21", None)
     raw = result["ansible_facts"]["multinode_network"]
     assert len(raw["interfaces"]) == 7 and len(raw["rdma"]) == 4
