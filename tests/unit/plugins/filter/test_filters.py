@@ -105,6 +105,26 @@ def test_fabric_cluster_errors(hostvars, hv_kwargs, use_facts, expected):
         assert all(s in error for s in substrings), error
 
 
+@pytest.mark.parametrize(
+    "changes, expected_mtu, expected",
+    [
+        ({}, None, []),
+        ({}, 9000, []),
+        ({"spark2": {"enP2p1s0f1np1": {"mtu": 1500}}}, None, []),
+        ({"spark2": {"enP2p1s0f1np1": {"mtu": 1500}}}, "9000", [
+            "spark2: enP2p1s0f1np1 (the other half of fabric interface enp1s0f1np1's port) has MTU 1500, expected "
+            "9000 (fabric_expected_mtu)"]),
+    ],
+    ids=["off", "all-9000", "off-ignores-1500", "other-half-1500"],
+)
+def test_fabric_cluster_errors_expected_mtu(hostvars, changes, expected_mtu, expected):
+    """fabric_expected_mtu reaches check_cluster through the filter, from the facts fabric_facts set."""
+    errors = fabric_cluster_errors(hostvars(**changes), HOSTS, ["spark1"], CIDR, expected_mtu=expected_mtu)
+    assert len(errors) == len(expected), errors
+    for error, start in zip(errors, expected):
+        assert error.startswith(start), error
+
+
 def test_fabric_cluster_errors_heads(hostvars):
     assert fabric_cluster_errors(hostvars(), HOSTS, [], CIDR) == [
         "no host in group ray_head; put exactly one host (the head node) in group ray_head in the inventory"]
