@@ -11,7 +11,8 @@ description:
   - Without facts (before touching any host), checks the inventory alone, exactly one host in C(ray_head);
     C(fabric_cidr) valid; every C(fabric_ip) inside it and unique.
   - With every host's C(multinode_fabric) fact, also checks that fabric addresses are unique and on one subnet,
-    that MTUs are equal, and that the inventory's C(fabric_ip) is what each host really carries.
+    that MTUs are equal, and that the inventory's C(fabric_ip) is what each host really carries; with
+    O(expected_mtu), that every endpoint of every host's fabric port (both halves on a DGX Spark) has that MTU.
   - Returns the list of error messages; empty means the cluster is consistent.
   - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
@@ -38,6 +39,11 @@ options:
     description: Include the checks that need each host's C(multinode_fabric) fact.
     type: bool
     default: true
+  expected_mtu:
+    description:
+      - The MTU every endpoint of the fabric port must have on every host (C(fabric_expected_mtu)); null skips the
+        check. Needs the facts.
+    type: int
 """
 
 EXAMPLES = r"""
@@ -67,7 +73,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._fabric import (
 )
 
 
-def fabric_cluster_errors(hostvars, hosts, head_hosts, fabric_cidr, use_facts=True):
+def fabric_cluster_errors(hostvars, hosts, head_hosts, fabric_cidr, use_facts=True, expected_mtu=None):
     inventory = {}
     selections = {}
     for host in hosts:
@@ -83,7 +89,7 @@ def fabric_cluster_errors(hostvars, hosts, head_hosts, fabric_cidr, use_facts=Tr
         missing = [h for h in inventory if h not in selections]
         if missing:
             return ["no fabric facts for %s; run multinode.vllm.fabric_facts on every host first" % ", ".join(missing)]
-        return check_cluster(selections, fabric_cidr, list(head_hosts), inventory)
+        return check_cluster(selections, fabric_cidr, list(head_hosts), inventory, expected_mtu=expected_mtu)
     return check_inventory(inventory, fabric_cidr, list(head_hosts))
 
 

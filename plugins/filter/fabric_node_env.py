@@ -9,8 +9,10 @@ short_description: The environment of every cluster process on one node
 version_added: 0.1.0
 description:
   - Builds C(VLLM_HOST_IP) (the node's own fabric address), C(GLOO_SOCKET_IFNAME), C(TP_SOCKET_IFNAME),
-    C(NCCL_SOCKET_IFNAME) (exact-match form), C(NCCL_IB_HCA) (exact C(=hca:port) form), C(NCCL_IB_ADDR_RANGE)
-    or C(NCCL_IB_GID_INDEX), C(UCX_NET_DEVICES), and C(MASTER_ADDR)/C(MASTER_PORT) for the native backend.
+    C(NCCL_SOCKET_IFNAME) (exact-match form), C(NCCL_IB_HCA) (exact C(=hca:port,...) form, every used endpoint of
+    the fabric port, so both halves of a DGX Spark's QSFP port), C(NCCL_IB_MERGE_NICS=1) with more than one HCA,
+    C(NCCL_IB_ADDR_RANGE) or C(NCCL_IB_GID_INDEX), C(UCX_NET_DEVICES), and C(MASTER_ADDR)/C(MASTER_PORT) for the
+    native backend.
   - Every runtime (docker, systemd, process) renders this one dictionary.
 author: multinode.vllm maintainers (@multinode)
 options:
@@ -36,7 +38,11 @@ options:
     type: int
     default: 29500
   gid_selection:
-    description: V(addr_range) sets C(NCCL_IB_ADDR_RANGE) (one value on all hosts); V(index) sets the per-host C(NCCL_IB_GID_INDEX).
+    description:
+      - V(addr_range) sets C(NCCL_IB_ADDR_RANGE) (C(fabric_cidr), or its smallest supernet that holds every used
+        endpoint's address), so NCCL picks each HCA's RoCE v2 GID by address.
+      - V(index) sets the per-host C(NCCL_IB_GID_INDEX), one value for every listed HCA; it fails when the HCAs hold
+        their addresses at different indexes.
     type: str
     choices: [addr_range, index]
     default: addr_range

@@ -71,6 +71,35 @@ def _check_line(variable: str, value: Any, where: str = "") -> None:
         raise EnvError("%s: %s" % (where, error) if where else error)
 
 
+def _one_gid_index(selection: FabricSelection) -> int:
+    """The one NCCL_IB_GID_INDEX for every listed HCA (NCCL applies it to all of them), or FabricError."""
+    host = selection.host
+    members = selection.used_members
+    if not members:
+        if selection.gid_index is None:
+            raise FabricError(
+                "%s: gid_selection is 'index' but no RoCE v2 GID on %s carries %s; use gid_selection "
+                "'addr_range' or fix the RoCE configuration" % (host, ",".join(selection.hca_ports), selection.ip)
+            )
+        return selection.gid_index
+    missing = [m for m in members if m.gid_index is None]
+    if missing:
+        raise FabricError(
+            "%s: gid_selection is 'index' but no RoCE v2 GID on %s carries %s; use gid_selection "
+            "'addr_range' or fix the RoCE configuration" % (
+                host, ",".join(m.hca_port or m.netdev for m in missing), ", ".join(str(m.ip) for m in missing))
+        )
+    indexes = sorted({int(m.gid_index) for m in members if m.gid_index is not None})
+    if len(indexes) > 1:
+        listing = ", ".join("%s holds %s at GID %s" % (m.hca_port, m.ip, m.gid_index) for m in members)
+        raise FabricError(
+            "%s: gid_selection is 'index' but NCCL_IB_GID_INDEX is one value for every HCA in NCCL_IB_HCA, and the "
+            "RoCE v2 GIDs differ (%s); use gid_selection 'addr_range' (NCCL_IB_ADDR_RANGE: NCCL then picks each "
+            "HCA's GID by address)" % (host, listing)
+        )
+    return indexes[0]
+
+
 def node_environment(
     selection: FabricSelection,
     settings: EnvSettings,
@@ -100,19 +129,21 @@ def node_environment(
         # also match the mgmt NIC.
         "NCCL_SOCKET_IFNAME": "=" + iface,
     }
-    if selection.rdma_ports:
-        env["NCCL_IB_HCA"] = "=" + ",".join(selection.hca_ports)
+    hcas = selection.hca_ports
+    if hcas:
+        # '=' makes NCCL match each name exactly (mlx5_1 would also take mlx5_10); every used endpoint of the
+        # fabric port is listed: a DGX Spark's QSFP port is two PCIe x4 endpoints, and one HCA reaches about half
+        # of it.
+        env["NCCL_IB_HCA"] = "=" + ",".join(hcas)
+        if len(hcas) > 1:
+            # NCCL's default, written out: a node's /etc/nccl.conf or an image may set 0, and the environment wins.
+            env["NCCL_IB_MERGE_NICS"] = "1"
         if settings.gid_selection == "index":
-            if selection.gid_index is None:
-                raise FabricError(
-                    "%s: gid_selection is 'index' but no RoCE v2 GID on %s carries %s; use gid_selection "
-                    "'addr_range' or fix the RoCE configuration" % (host, ",".join(selection.hca_ports), selection.ip)
-                )
-            env["NCCL_IB_GID_INDEX"] = str(selection.gid_index)
+            env["NCCL_IB_GID_INDEX"] = str(_one_gid_index(selection))
         else:
-            # One value for every host, even where the GID index differs.
-            env["NCCL_IB_ADDR_RANGE"] = str(cidr)
-        env["UCX_NET_DEVICES"] = ",".join(selection.hca_ports)
+            # NCCL picks each HCA's GID by address in this range (its index may differ per HCA and per host).
+            env["NCCL_IB_ADDR_RANGE"] = selection.addr_range or str(cidr)
+        env["UCX_NET_DEVICES"] = ",".join(hcas)
     else:
         env["UCX_NET_DEVICES"] = iface
     if settings.backend == "native":

@@ -14,9 +14,10 @@ Words used everywhere in this collection:
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._checks import whole_number
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
 
 
@@ -33,6 +34,14 @@ class Interface:
     carrier: Optional[bool] = None
     speed: Optional[int] = None
     default_route: bool = False
+    # The PCI function (``0000:01:00.1``, from device/uevent) and the switchdev port name (``p1``): which
+    # physical port the interface belongs to (``port_siblings``).
+    pci_slot: Optional[str] = None
+    phys_port_name: Optional[str] = None
+
+    @property
+    def link_up(self) -> bool:
+        return self.operstate.lower() not in ("down", "lowerlayerdown", "notpresent") and self.carrier is not False
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class RdmaPort:
     link_layer: str
     netdev: Optional[str]
     gids: tuple[Gid, ...] = ()
+    sys_image_guid: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -70,6 +80,75 @@ class RdmaPort:
     def active(self) -> bool:
         # sysfs reports "4: ACTIVE"
         return "ACTIVE" in self.state.upper()
+
+
+@dataclass(frozen=True)
+class PortMember:
+    """One PCIe endpoint of the fabric's physical port: a netdev and its RDMA port.
+
+    A plain ConnectX port has one (the fabric interface); a DGX Spark's QSFP port has two, one per PCIe x4
+    endpoint (``enp1s0f1np1``/``rocep1s0f1`` and ``enP2p1s0f1np1``/``roceP2p1s0f1``). ``role`` is ``fabric`` for
+    the fabric interface's own RDMA port and ``sibling`` for the other half; ``used`` says whether NCCL_IB_HCA lists
+    it and ``problem`` why not (a sibling that is down, unaddressed or at another MTU).
+    """
+
+    netdev: str
+    role: str
+    hca: Optional[str] = None
+    port: Optional[int] = None
+    rdma_state: str = ""
+    operstate: str = "unknown"
+    speed: Optional[int] = None
+    mtu: int = 0
+    ip: Optional[str] = None
+    gid_index: Optional[int] = None
+    pci_slot: Optional[str] = None
+    phys_port_name: Optional[str] = None
+    used: bool = False
+    problem: Optional[str] = None
+
+    @property
+    def hca_port(self) -> Optional[str]:
+        return "%s:%d" % (self.hca, self.port) if self.hca is not None and self.port is not None else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "netdev": self.netdev,
+            "role": self.role,
+            "pci_slot": self.pci_slot,
+            "phys_port_name": self.phys_port_name,
+            "operstate": self.operstate,
+            "speed": self.speed,
+            "mtu": self.mtu,
+            "ip": self.ip,
+            "hca": self.hca,
+            "port": self.port,
+            "rdma_state": self.rdma_state,
+            "gid_index": self.gid_index,
+            "used": self.used,
+            "problem": self.problem,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PortMember":
+        port = data.get("port")
+        gid_index = data.get("gid_index")
+        return cls(
+            netdev=str(data["netdev"]),
+            role=str(data.get("role") or "sibling"),
+            hca=data.get("hca"),
+            port=None if port is None else int(port),
+            rdma_state=str(data.get("rdma_state") or ""),
+            operstate=str(data.get("operstate") or "unknown"),
+            speed=data.get("speed"),
+            mtu=int(data.get("mtu") or 0),
+            ip=data.get("ip"),
+            gid_index=None if gid_index is None else int(gid_index),
+            pci_slot=data.get("pci_slot"),
+            phys_port_name=data.get("phys_port_name"),
+            used=bool(data.get("used")),
+            problem=data.get("problem"),
+        )
 
 
 @dataclass(frozen=True)
@@ -100,6 +179,10 @@ class FabricSelection:
     # Set instead of raising when the caller allows a down link (the probe then
     # names every pair it breaks).
     link_error: Optional[str] = None
+    # Every PCIe endpoint of the fabric's physical port (the fabric interface's RDMA ports first, then the other
+    # half's on a Spark), and the NCCL_IB_ADDR_RANGE that selects each used one's RoCE v2 GID by address.
+    members: tuple[PortMember, ...] = ()
+    addr_range: Optional[str] = None
 
     @property
     def ip(self) -> str:
@@ -107,7 +190,15 @@ class FabricSelection:
 
     @property
     def hca_ports(self) -> tuple[str, ...]:
+        """The RDMA ports NCCL_IB_HCA lists: every used endpoint of the fabric port (facts from before the
+        endpoints were gathered: the fabric interface's own RDMA ports)."""
+        if self.members:
+            return tuple(m.hca_port for m in self.members if m.used and m.hca_port is not None)
         return tuple(port.name for port in self.rdma_ports)
+
+    @property
+    def used_members(self) -> tuple[PortMember, ...]:
+        return tuple(m for m in self.members if m.used and m.hca_port is not None)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -133,6 +224,8 @@ class FabricSelection:
             "mgmt_ip": self.mgmt_ip,
             "warnings": list(self.warnings),
             "link_error": self.link_error,
+            "fabric_port": [m.as_dict() for m in self.members],
+            "addr_range": self.addr_range,
         }
 
     @classmethod
@@ -161,8 +254,10 @@ class FabricSelection:
                 mgmt_ip=data.get("mgmt_ip"),
                 warnings=tuple(data.get("warnings") or ()),
                 link_error=data.get("link_error"),
+                members=tuple(PortMember.from_dict(m) for m in data.get("fabric_port") or ()),
+                addr_range=data.get("addr_range"),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             shown = dict(data) if isinstance(data, Mapping) else data
             raise FabricError("fabric facts are incomplete or malformed (%s): %r" % (exc, shown))
 
@@ -176,8 +271,8 @@ def parse_network(data: Mapping[str, Any]) -> HostNetwork:
     """Build a HostNetwork from plain data.
 
     ``data`` = {"interfaces": [{"name", "addresses": ["a.b.c.d/p", ...], "mtu",
-    "operstate", "carrier", "speed", "default_route"}], "rdma": [{"hca", "port",
-    "state", "link_layer", "netdev", "gids": [{"index", "gid", "type", "netdev"}]}]}
+    "operstate", "carrier", "speed", "default_route", "pci_slot", "phys_port_name"}], "rdma": [{"hca", "port",
+    "state", "link_layer", "netdev", "sys_image_guid", "gids": [{"index", "gid", "type", "netdev"}]}]}
     """
     interfaces = []
     for raw in data.get("interfaces") or ():
@@ -197,6 +292,8 @@ def parse_network(data: Mapping[str, Any]) -> HostNetwork:
                 carrier=None if carrier is None else bool(carrier),
                 speed=raw.get("speed"),
                 default_route=bool(raw.get("default_route")),
+                pci_slot=raw.get("pci_slot"),
+                phys_port_name=raw.get("phys_port_name"),
             )
         )
     ports = []
@@ -213,6 +310,7 @@ def parse_network(data: Mapping[str, Any]) -> HostNetwork:
                 link_layer=str(raw.get("link_layer") or ""),
                 netdev=raw.get("netdev"),
                 gids=gids,
+                sys_image_guid=raw.get("sys_image_guid"),
             )
         )
     return HostNetwork(interfaces=tuple(interfaces), rdma_ports=tuple(ports))
@@ -367,6 +465,16 @@ def select_fabric(
         if not port.active:
             warnings.append("%s: RDMA port %s of %s is %s, not ACTIVE" % (host, port.name, iface.name, port.state))
     gid_index = roce_v2_gid_index(ports, str(address.ip))
+    members, addr_range = fabric_port(network, iface, address, ports, cidr)
+    for member in members:
+        if member.problem is not None:
+            if member.used:
+                warnings.append("%s: %s" % (host, member.problem))
+            else:
+                warnings.append(
+                    "%s: %s. NCCL_IB_HCA leaves %s out until then, so NCCL reaches about half of the port"
+                    % (host, member.problem, member.hca_port or member.netdev)
+                )
 
     return FabricSelection(
         host=host,
@@ -379,7 +487,199 @@ def select_fabric(
         mgmt_ip=mgmt_ip,
         warnings=tuple(warnings),
         link_error=link_error,
+        members=members,
+        addr_range=addr_range,
     )
+
+
+# ---------------------------------------------------------------------------
+# The fabric's physical port: both halves of a DGX Spark's QSFP port
+# ---------------------------------------------------------------------------
+
+
+def _split_slot(slot: Optional[str]) -> Optional[tuple[str, str]]:
+    """``0002:01:00.1`` -> (``0002``, ``01:00.1``): the PCI domain and the rest of the address."""
+    if not slot or slot.count(":") != 2:
+        return None
+    domain, rest = slot.split(":", 1)
+    return domain.lower(), rest.lower()
+
+
+def port_siblings(network: HostNetwork, name: str) -> tuple[Interface, ...]:
+    """The other PCIe endpoints of the physical port that interface ``name`` belongs to.
+
+    A DGX Spark's ConnectX-7 presents each QSFP port as two PCIe x4 endpoints on two PCI domains: the same
+    bus/device/function on domain 0000 and 0002 (``enp1s0f1np1`` = 0000:01:00.1 and ``enP2p1s0f1np1`` =
+    0002:01:00.1), each with its own netdev and RDMA device. Interfaces are the same port's endpoints when either
+
+    - their PCI addresses are equal but for the domain, and their ``phys_port_name`` agrees where both have one; or
+    - their RDMA devices report the same ``sys_image_guid`` (one adapter) and both netdevs the same
+      ``phys_port_name`` (one port of it), on different PCI functions.
+
+    The ports of a plain dual-port ConnectX share the adapter's GUID but not the port name (``p0``, ``p1``) nor,
+    apart from the domain, the PCI address, so neither rule pairs them.
+    """
+    iface = network.interface(name)
+    if iface is None:
+        return ()
+    guids = {p.netdev: p.sys_image_guid for p in network.rdma_ports if p.netdev and p.sys_image_guid}
+    mine = _split_slot(iface.pci_slot)
+    siblings = []
+    for other in network.interfaces:
+        if other.name == iface.name or other.pci_slot is None or other.pci_slot == iface.pci_slot:
+            continue
+        theirs = _split_slot(other.pci_slot)
+        names_known = iface.phys_port_name is not None and other.phys_port_name is not None
+        names_agree = not names_known or iface.phys_port_name == other.phys_port_name
+        by_pci = mine is not None and theirs is not None and mine[0] != theirs[0] and mine[1] == theirs[1]
+        guid = guids.get(iface.name)
+        by_guid = guid is not None and guids.get(other.name) == guid and names_known and names_agree
+        if (by_pci and names_agree) or by_guid:
+            siblings.append(other)
+    return tuple(sorted(siblings, key=lambda i: i.name))
+
+
+def _covering_network(cidr: ipaddress.IPv4Network, ips: Iterable[str]) -> ipaddress.IPv4Network:
+    """``cidr``, or its smallest supernet that holds every address in ``ips``."""
+    network = cidr
+    wanted = [ipaddress.IPv4Address(ip) for ip in ips]
+    while any(ip not in network for ip in wanted):
+        network = network.supernet()
+    return network
+
+
+def _member_address(iface: Interface, port: RdmaPort, cidr: ipaddress.IPv4Network) -> tuple[Optional[str], Optional[int]]:
+    """The interface's IPv4 address that a RoCE v2 GID of ``port`` holds (one in ``cidr`` first), and its index."""
+    addresses = sorted(iface.addresses, key=lambda a: a.ip not in cidr)
+    for addr in addresses:
+        index = roce_v2_gid_index((port,), str(addr.ip))
+        if index is not None:
+            return str(addr.ip), index
+    return (str(addresses[0].ip) if addresses else None), None
+
+
+def _sibling_problem(fabric: Interface, sibling: Interface, port: Optional[RdmaPort], ip: Optional[str],
+                     gid_index: Optional[int]) -> Optional[str]:
+    """Why NCCL cannot use this other half of the fabric port, with the fix; None when it can."""
+    lead = "%s, the other half of %s's port (RDMA %s)," % (
+        sibling.name, fabric.name, port.name if port is not None else "none")
+    if port is None:
+        return "%s has no RDMA device; load the RDMA driver for it (mlx5_ib) or check `rdma link show`" % lead
+    if not sibling.link_up:
+        state = sibling.operstate.lower() if sibling.carrier is not False else "up without carrier"
+        return "%s is %s; bring it up (`ip link set %s up`, and in netplan) with an address and MTU %d as %s has" % (
+            lead, state, sibling.name, fabric.mtu, fabric.name)
+    if not port.active:
+        return "%s has its RDMA port in state %s, not ACTIVE; check the link with `rdma link show %s`" % (
+            lead, port.state, port.name)
+    if ip is None:
+        return ("%s has no IPv4 address, so no RoCE v2 GID of %s holds one for NCCL; give %s an address "
+                "(in netplan)" % (lead, port.name, sibling.name))
+    if gid_index is None:
+        return ("%s carries %s but no RoCE v2 GID of %s holds it; check the RoCE mode of %s "
+                "(/sys/class/infiniband/%s/ports/%d/gid_attrs/types/)" % (
+                    lead, ip, port.name, port.hca, port.hca, port.port))
+    if sibling.mtu != fabric.mtu:
+        return "%s has MTU %d while %s has %d; set the same MTU on both halves (`ip link set dev %s mtu %d`, and in " \
+               "netplan)" % (lead, sibling.mtu, fabric.name, fabric.mtu, sibling.name, fabric.mtu)
+    return None
+
+
+def fabric_port(
+    network: HostNetwork,
+    iface: Interface,
+    address: ipaddress.IPv4Interface,
+    ports: Sequence[RdmaPort],
+    cidr: ipaddress.IPv4Network,
+) -> tuple[tuple[PortMember, ...], Optional[str]]:
+    """Every endpoint of the fabric interface's physical port, and the NCCL_IB_ADDR_RANGE for the used ones.
+
+    The fabric interface's own RDMA ports are always used (a port that is not ACTIVE is warned about by the
+    caller); another half is used when it is up, ACTIVE, carries an IPv4 address held by a RoCE v2 GID, and has
+    the fabric interface's MTU. The range is ``fabric_cidr``, or its smallest supernet holding every used
+    endpoint's address (a Spark's halves are often on two subnets); each used endpoint's GID is then checked
+    to be the one NCCL picks under that range (``nccl_gid_index``), else that endpoint gets a problem.
+    """
+    if not ports:
+        return (), None
+    members: list[PortMember] = []
+    for port in ports:
+        members.append(PortMember(
+            netdev=iface.name, role="fabric", hca=port.hca, port=port.port, rdma_state=port.state,
+            operstate=iface.operstate, speed=iface.speed, mtu=iface.mtu, ip=str(address.ip),
+            gid_index=roce_v2_gid_index((port,), str(address.ip)), pci_slot=iface.pci_slot,
+            phys_port_name=iface.phys_port_name, used=True,
+        ))
+    for sibling in port_siblings(network, iface.name):
+        sibling_ports: list[Optional[RdmaPort]] = [p for p in network.rdma_ports if p.netdev == sibling.name]
+        for port in sibling_ports or [None]:
+            ip, gid_index = _member_address(sibling, port, cidr) if port is not None else (None, None)
+            problem = _sibling_problem(iface, sibling, port, ip, gid_index)
+            members.append(PortMember(
+                netdev=sibling.name, role="sibling", hca=port.hca if port else None, port=port.port if port else None,
+                rdma_state=port.state if port else "", operstate=sibling.operstate, speed=sibling.speed,
+                mtu=sibling.mtu, ip=ip, gid_index=gid_index, pci_slot=sibling.pci_slot,
+                phys_port_name=sibling.phys_port_name, used=problem is None, problem=problem,
+            ))
+    used_ips = [m.ip for m in members if m.used and m.ip is not None and m.gid_index is not None]
+    addr_range = _covering_network(cidr, used_ips)
+    by_name = {p.name: p for p in network.rdma_ports}
+    checked = []
+    for member in members:
+        port = by_name.get(member.hca_port or "")
+        if member.used and member.gid_index is not None and port is not None:
+            chosen = nccl_gid_index(port.gids, addr_range)
+            if chosen != member.gid_index:
+                problem = (
+                    "NCCL_IB_ADDR_RANGE=%s would make NCCL use GID %d of %s, not GID %d that holds %s (%s); remove the "
+                    "other address in that range from %s, or set node_env_gid_selection: index"
+                    % (addr_range, chosen, member.hca_port, member.gid_index, member.ip, member.netdev, member.netdev)
+                )
+                member = replace(member, problem=problem, used=member.role == "fabric")
+        checked.append(member)
+    return tuple(checked), str(addr_range)
+
+
+def _gid_family(gid: Optional[Gid]) -> str:
+    # NCCL's getGidAddrFamily: an IPv4-mapped GID (::ffff:a.b.c.d) is AF_INET, any other AF_INET6.
+    return "inet" if gid is not None and gid.ipv4 is not None else "inet6"
+
+
+def _roce_version(gid: Optional[Gid]) -> Optional[int]:
+    # NCCL's ncclIbRoceGetVersionNum reads gid_attrs/types/<index>: "IB/RoCE v1" or "RoCE v1" is 1, "RoCE v2" 2.
+    kind = gid.type.strip() if gid is not None else ""
+    if kind.startswith(("IB/RoCE v1", "RoCE v1")):
+        return 1
+    if kind.startswith("RoCE v2"):
+        return 2
+    return None
+
+
+def nccl_gid_index(gids: Iterable[Gid], addr_range: Optional[ipaddress.IPv4Network], roce_version: int = 2) -> int:
+    """The GID index NCCL chooses on a RoCE port when NCCL_IB_GID_INDEX is unset (IPv4 family).
+
+    A model of ``ncclIbGetGidIndex``/``ncclUpdateGidIndex`` (NCCL's src/transport/net_ib): starting from index 0,
+    each later slot replaces the choice when it is an IPv4-mapped GID inside NCCL_IB_ADDR_RANGE and the current
+    one is not IPv4, or when it is such a GID of the wanted RoCE version (NCCL_IB_ROCE_VERSION_NUM, default 2)
+    and the current one is of another version. Empty (all-zero) slots never win; the sysfs reader drops them.
+    """
+    table = {g.index: g for g in gids}
+    chosen = 0
+    for index in range(1, max(table, default=0) + 1):
+        candidate = table.get(index)
+        if candidate is None:
+            continue
+        current = table.get(chosen)
+        family = _gid_family(candidate)
+        ipv4 = candidate.ipv4
+        in_range = ipv4 is not None and (addr_range is None or ipaddress.IPv4Address(ipv4) in addr_range)
+        if family != _gid_family(current) and family == "inet" and in_range:
+            chosen = index
+        elif family == "inet" and in_range:
+            version = _roce_version(candidate)
+            if (current is None or _roce_version(current) != version) and version == roce_version:
+                chosen = index
+    return chosen
 
 
 def roce_v2_gid_index(ports: Iterable[RdmaPort], ip: str) -> Optional[int]:
@@ -455,13 +755,47 @@ def check_inventory(
     return errors
 
 
+def check_expected_mtu(selections: Mapping[str, FabricSelection], expected_mtu: Any) -> list[str]:
+    """With ``fabric_expected_mtu`` set: every endpoint of every host's fabric port (both halves on a Spark, so both
+    ends of every link) has that MTU. Returns error messages naming host, interface and both values."""
+    if expected_mtu is None or expected_mtu == "":
+        return []
+    expected = whole_number(expected_mtu)
+    if expected is None or not 68 <= expected <= 65535:
+        return [
+            "fabric_expected_mtu = %r: expected an MTU from 68 to 65535 (9000 for jumbo frames) or null to skip "
+            "the check; fix it in group_vars" % (expected_mtu,)
+        ]
+    errors = []
+    for host, sel in sorted(selections.items()):
+        seen = {sel.interface: sel.mtu}
+        for member in sel.members:
+            seen.setdefault(member.netdev, member.mtu)
+        for netdev, mtu in seen.items():
+            if mtu == expected:
+                continue
+            what = "fabric interface %s" % netdev if netdev == sel.interface else \
+                "%s (the other half of fabric interface %s's port)" % (netdev, sel.interface)
+            errors.append(
+                "%s: %s has MTU %d, expected %d (fabric_expected_mtu) on both halves of the fabric port at both "
+                "ends of every link; set it with `ip link set dev %s mtu %d` and in the host's netplan, or change "
+                "fabric_expected_mtu" % (host, what, mtu, expected, netdev, expected)
+            )
+    return errors
+
+
 def check_cluster(
     selections: Mapping[str, FabricSelection],
     fabric_cidr: Any,
     head_hosts: Sequence[str],
     inventory: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    expected_mtu: Any = None,
 ) -> list[str]:
-    """Checks over every host's selection. Returns error messages (empty = good)."""
+    """Checks over every host's selection. Returns error messages (empty = good).
+
+    ``expected_mtu`` (``fabric_expected_mtu``, None = no check): the MTU every endpoint of the fabric port must
+    have on every host (``check_expected_mtu``).
+    """
     inventory = inventory or {}
     try:
         cidr = parse_cidr(fabric_cidr)
@@ -507,4 +841,5 @@ def check_cluster(
         errors.append(
             "fabric MTU differs between hosts (%s); set the same MTU on every fabric interface" % listing
         )
+    errors.extend(check_expected_mtu(selections, expected_mtu))
     return errors

@@ -34,13 +34,23 @@ def _read_int(path: str) -> Optional[int]:
         return None
 
 
+def _pci_slot(net_dir: str) -> Optional[str]:
+    """The PCI address of a netdev's device (``PCI_SLOT_NAME`` in device/uevent), None when it has none."""
+    uevent = _read(os.path.join(net_dir, "device", "uevent")) or ""
+    for line in uevent.splitlines():
+        key, _sep, value = line.partition("=")
+        if key.strip() == "PCI_SLOT_NAME" and value.strip():
+            return value.strip()
+    return None
+
+
 def run_ip(args: list) -> str:
     """Run ``ip -j ...`` and return stdout (raises OSError/CalledProcessError)."""
     return subprocess.run(["ip", "-j"] + list(args), check=True, capture_output=True, text=True).stdout
 
 
 def read_interfaces(sys_root: str = "/sys", ip: Runner = run_ip) -> list[dict[str, Any]]:
-    """Interfaces with IPv4 addresses, MTU, state and whether they hold the default route."""
+    """Interfaces with IPv4 addresses, MTU, state, whether they hold the default route, and their PCI function."""
     addr_data = json.loads(ip(["-4", "addr", "show"]) or "[]")
     routes = json.loads(ip(["-4", "route", "show", "default"]) or "[]")
     default_devs = {r.get("dev") for r in routes if r.get("dst", "default") == "default"}
@@ -81,6 +91,10 @@ def read_interfaces(sys_root: str = "/sys", ip: Runner = run_ip) -> list[dict[st
                 "carrier": None if carrier is None else carrier == 1,
                 "speed": speed if speed is not None and speed > 0 else None,
                 "default_route": name in default_devs,
+                # Which physical port: the PCI function and the switchdev port name (EOPNOTSUPP where the driver
+                # has none: None). _fabric.port_siblings pairs a Spark's two endpoints of one port by them.
+                "pci_slot": _pci_slot(base),
+                "phys_port_name": _read(os.path.join(base, "phys_port_name")) or None,
             }
         )
     return result
@@ -97,6 +111,7 @@ def read_rdma(sys_root: str = "/sys") -> list[dict[str, Any]]:
         ports_dir = os.path.join(hca_dir, "ports")
         if not os.path.isdir(ports_dir):
             continue
+        sys_image_guid = _read(os.path.join(hca_dir, "sys_image_guid")) or None
         device_net = os.path.join(hca_dir, "device", "net")
         hca_netdevs = sorted(os.listdir(device_net)) if os.path.isdir(device_net) else []
         for port in sorted(os.listdir(ports_dir), key=lambda p: int(p) if p.isdigit() else 0):
@@ -125,6 +140,7 @@ def read_rdma(sys_root: str = "/sys") -> list[dict[str, Any]]:
                     "state": _read(os.path.join(pdir, "state")) or "",
                     "link_layer": _read(os.path.join(pdir, "link_layer")) or "",
                     "netdev": netdev,
+                    "sys_image_guid": sys_image_guid,
                     "gids": gids,
                 }
             )

@@ -11,6 +11,13 @@ version_added: 0.1.0
 description:
   - Reads the host's interfaces (C(/sys/class/net), C(ip -j addr), C(ip -j route)) and RDMA devices
     (C(/sys/class/infiniband)), then chooses the interface and address on O(fabric_cidr).
+  - Finds every PCIe endpoint of the fabric interface's physical port. A DGX Spark's QSFP port is two PCIe x4
+    endpoints, each with its own netdev and RDMA device (C(enp1s0f1np1)/C(rocep1s0f1) and
+    C(enP2p1s0f1np1)/C(roceP2p1s0f1)); they are paired by PCI address (the same bus, device and function on
+    two PCI domains) or by the adapter's C(sys_image_guid) with the same C(phys_port_name). Each endpoint is
+    reported with its state, speed, MTU, address and the RoCE v2 GID index that holds the address; the other
+    half is used for NCCL when it is up, ACTIVE, addressed and at the fabric interface's MTU, and otherwise
+    named in a warning with the fix.
   - Fails with a message that names the host, the values seen and the fix when no usable fabric
     address exists, several are ambiguous, or the interface is down.
   - Read-only.
@@ -72,15 +79,52 @@ ansible_facts:
         prefix: {description: Prefix length of the fabric address., type: int, sample: 24}
         network: {description: The on-link fabric network., type: str, sample: 198.18.200.0/24}
         mtu: {description: MTU of the fabric interface., type: int, sample: 9000}
-        hca_ports: {description: RDMA C(hca:port) names whose netdev is the fabric interface., type: list, elements: str}
-        rdma: {description: Those RDMA ports with state and link layer., type: list, elements: dict}
+        hca_ports:
+          description:
+            - The RDMA C(hca:port) names NCCL_IB_HCA lists, the fabric interface's first, then every usable other
+              half of its port (C(fabric_port) entries with C(used) true).
+          type: list
+          elements: str
+          sample: [rocep1s0f1:1, roceP2p1s0f1:1]
+        rdma: {description: The RDMA ports whose netdev is the fabric interface, with state and link layer., type: list, elements: dict}
         gid_index: {description: Index of the RoCE v2 GID that carries the fabric address (null when none)., type: int}
+        fabric_port:
+          description:
+            - Every PCIe endpoint of the fabric interface's physical port, one entry per RDMA port (the fabric
+              interface's first, C(role) V(fabric); the other half of a DGX Spark's port, C(role) V(sibling)).
+            - Empty when the fabric interface has no RDMA port.
+          type: list
+          elements: dict
+          contains:
+            netdev: {description: The interface., type: str, sample: enP2p1s0f1np1}
+            role: {description: V(fabric) or V(sibling)., type: str}
+            pci_slot: {description: Its PCI function (null when unknown)., type: str, sample: "0002:01:00.1"}
+            phys_port_name: {description: Its switchdev port name (null when the driver has none)., type: str, sample: p1}
+            operstate: {description: The interface's operational state., type: str}
+            speed: {description: Link speed in Mb/s (null when unreadable)., type: int}
+            mtu: {description: The interface's MTU., type: int}
+            ip: {description: The IPv4 address a RoCE v2 GID holds (else its first address; null when none)., type: str}
+            hca: {description: The RDMA device (null when none)., type: str, sample: roceP2p1s0f1}
+            port: {description: Its port number., type: int}
+            rdma_state: {description: The RDMA port state as sysfs reports it., type: str, sample: "4: ACTIVE"}
+            gid_index: {description: Index of the RoCE v2 GID that holds C(ip) (null when none)., type: int}
+            used: {description: Whether NCCL_IB_HCA lists it., type: bool}
+            problem: {description: Why it is not used, or what NCCL would get wrong, with the fix (null when none)., type: str}
+        addr_range:
+          description:
+            - The NCCL_IB_ADDR_RANGE under which NCCL picks, on every used RDMA port, the RoCE v2 GID that holds its
+              address; O(fabric_cidr), or its smallest supernet holding every used endpoint's address (a Spark's
+              two halves are often on two subnets). Null without RDMA ports.
+          type: str
+          sample: 198.18.200.0/23
         mgmt_interface: {description: The interface holding the default route., type: str, sample: eth0}
         mgmt_ip: {description: Its first IPv4 address., type: str, sample: 198.19.1.10}
         warnings: {description: Non-fatal observations., type: list, elements: str}
         link_error: {description: Why the fabric link is unusable (only with O(allow_link_down)); null when it is up., type: str}
     multinode_network:
-      description: The raw interface and RDMA data the choice was made from.
+      description:
+        - The raw interface and RDMA data the choice was made from (each interface with its C(pci_slot) and
+          C(phys_port_name), each RDMA port with its C(sys_image_guid) and GID table).
       type: dict
 """
 

@@ -105,6 +105,26 @@ def test_fabric_cluster_errors(hostvars, hv_kwargs, use_facts, expected):
         assert all(s in error for s in substrings), error
 
 
+@pytest.mark.parametrize(
+    "changes, expected_mtu, expected",
+    [
+        ({}, None, []),
+        ({}, 9000, []),
+        ({"spark2": {"enP2p1s0f1np1": {"mtu": 1500}}}, None, []),
+        ({"spark2": {"enP2p1s0f1np1": {"mtu": 1500}}}, "9000", [
+            "spark2: enP2p1s0f1np1 (the other half of fabric interface enp1s0f1np1's port) has MTU 1500, expected "
+            "9000 (fabric_expected_mtu)"]),
+    ],
+    ids=["off", "all-9000", "off-ignores-1500", "other-half-1500"],
+)
+def test_fabric_cluster_errors_expected_mtu(hostvars, changes, expected_mtu, expected):
+    """fabric_expected_mtu reaches check_cluster through the filter, from the facts fabric_facts set."""
+    errors = fabric_cluster_errors(hostvars(**changes), HOSTS, ["spark1"], CIDR, expected_mtu=expected_mtu)
+    assert len(errors) == len(expected), errors
+    for error, start in zip(errors, expected):
+        assert error.startswith(start), error
+
+
 def test_fabric_cluster_errors_heads(hostvars):
     assert fabric_cluster_errors(hostvars(), HOSTS, [], CIDR) == [
         "no host in group ray_head; put exactly one host (the head node) in group ray_head in the inventory"]
@@ -171,16 +191,17 @@ def test_fabric_probe_report_names_the_down_link_first(hostvars):
 
 
 def test_fabric_node_env_from_facts(facts):
-    env = fabric_node_env(facts()["spark2"], CIDR, "198.18.200.12", backend="native", gid_selection="index",
+    env = fabric_node_env(facts()["spark2"], CIDR, "198.18.200.12", backend="native",
                           vllm_config_root="/etc/multinode-vllm/vllm", extra={"NCCL_DEBUG": "WARN"})
     assert env == {
         "VLLM_HOST_IP": "198.18.200.13",
         "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
         "TP_SOCKET_IFNAME": "enp1s0f1np1",
         "NCCL_SOCKET_IFNAME": "=enp1s0f1np1",
-        "NCCL_IB_HCA": "=rocep1s0f1:1",
-        "NCCL_IB_GID_INDEX": "4",
-        "UCX_NET_DEVICES": "rocep1s0f1:1",
+        "NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1",
+        "NCCL_IB_MERGE_NICS": "1",
+        "NCCL_IB_ADDR_RANGE": "198.18.200.0/23",
+        "UCX_NET_DEVICES": "rocep1s0f1:1,roceP2p1s0f1:1",
         "MASTER_ADDR": "198.18.200.12",
         "MASTER_PORT": "29500",
         "VLLM_CONFIG_ROOT": "/etc/multinode-vllm/vllm",
@@ -192,9 +213,11 @@ def test_fabric_node_env_from_facts(facts):
     "fact_change, kwargs, substrings",
     [
         (None, {"extra": {"NCCL_IB_HCA": "mlx5_1"}},
-         ["spark1: extra environment sets NCCL_IB_HCA", "NCCL_IB_HCA==rocep1s0f1:1", "per-host override"]),
+         ["spark1: extra environment sets NCCL_IB_HCA", "NCCL_IB_HCA==rocep1s0f1:1,roceP2p1s0f1:1",
+          "per-host override"]),
         (None, {"gid_selection": "gid"}, ["gid_selection 'gid' is not one of addr_range, index"]),
-        ({"gid_index": None}, {"gid_selection": "index"},
+        # Facts gathered before the port's endpoints were (no fabric_port): the fabric interface's own GID.
+        ({"gid_index": None, "fabric_port": []}, {"gid_selection": "index"},
          ["spark1: gid_selection is 'index' but no RoCE v2 GID on rocep1s0f1:1 carries 198.18.200.12"]),
         ("198.18.200.12", {}, ["fabric facts are incomplete or malformed", "'198.18.200.12'"]),
     ],
@@ -221,7 +244,9 @@ def test_fabric_node_env_errors(facts, fact_change, kwargs, substrings):
     ],
 )
 def test_vllm_non_carry_over(facts, gid_selection, expected):
-    fabric = facts()
+    # The other half of each port down: one HCA per host, so index mode has one GID index per host (3 and 4).
+    twin_down = {"enP2p1s0f1np1": {"operstate": "down", "carrier": None}}
+    fabric = facts(spark1=twin_down, spark2=twin_down)
     envs = {host: fabric_node_env(fabric[host], CIDR, "198.18.200.12", gid_selection=gid_selection)
             for host in HOSTS}
     # The credentials are never carried to Ray workers (vLLM copies VLLM_API_KEY and HF_* by default).

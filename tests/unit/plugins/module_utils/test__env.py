@@ -28,8 +28,18 @@ HEAD = "198.18.200.12"
 
 @pytest.fixture
 def sparks(layout):
-    """spark1 (RoCE v2 IPv4 GID at index 3) and spark2 (at index 4), as fabric_facts selects them."""
+    """spark1 (RoCE v2 IPv4 GID at index 3) and spark2 (at index 4), as fabric_facts selects them; the other half
+    of each fabric port (roceP2p1s0f1, on 198.18.201.0/24, GID 3) is used too."""
     return {host: select_fabric(host, parse_network(layout(host)), CIDR) for host in ("spark1", "spark2")}
+
+
+# The other half of the port down on both Sparks: one HCA each (NCCL_IB_HCA leaves it out, with a warning).
+TWIN_DOWN = {"enP2p1s0f1np1": {"operstate": "down", "carrier": None}}
+
+
+@pytest.fixture
+def sparks_one_hca(layout):
+    return {host: select_fabric(host, parse_network(layout(host, **TWIN_DOWN)), CIDR) for host in ("spark1", "spark2")}
 
 
 def _envs(selections, **settings):
@@ -43,10 +53,34 @@ def test_spark_environment_is_exact(sparks):
         "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
         "TP_SOCKET_IFNAME": "enp1s0f1np1",
         "NCCL_SOCKET_IFNAME": "=enp1s0f1np1",
-        "NCCL_IB_HCA": "=rocep1s0f1:1",
-        "NCCL_IB_ADDR_RANGE": "198.18.200.0/24",
-        "UCX_NET_DEVICES": "rocep1s0f1:1",
+        # Both PCIe x4 endpoints of the cabled QSFP port, exact names (NCCL's '=' prefix), the fabric's first.
+        "NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1",
+        "NCCL_IB_MERGE_NICS": "1",
+        # Holds both halves' addresses (198.18.200.12, 198.18.201.12): NCCL picks each HCA's GID by address.
+        "NCCL_IB_ADDR_RANGE": "198.18.200.0/23",
+        "UCX_NET_DEVICES": "rocep1s0f1:1,roceP2p1s0f1:1",
     }
+
+
+def test_spark_with_one_half_down(sparks_one_hca):
+    """The other half down: one HCA, no merge setting, the range is fabric_cidr; the warning names it."""
+    env = _envs(sparks_one_hca)["spark1"]
+    assert (env["NCCL_IB_HCA"], env["NCCL_IB_ADDR_RANGE"], env["UCX_NET_DEVICES"]) == (
+        "=rocep1s0f1:1", CIDR, "rocep1s0f1:1")
+    assert "NCCL_IB_MERGE_NICS" not in env
+    assert list(sparks_one_hca["spark1"].warnings) == [
+        "spark1: enP2p1s0f1np1, the other half of enp1s0f1np1's port (RDMA roceP2p1s0f1:1), is down; bring it up "
+        "(`ip link set enP2p1s0f1np1 up`, and in netplan) with an address and MTU 9000 as enp1s0f1np1 has. "
+        "NCCL_IB_HCA leaves roceP2p1s0f1:1 out until then, so NCCL reaches about half of the port"
+    ]
+
+
+def test_plain_connectx_host_one_hca(layout):
+    """hgx_prefix_trap's mlx5_1 has no sibling: one exact HCA, fabric_cidr as the range, no merge setting."""
+    selection = select_fabric("gpu1", parse_network(layout("hgx_prefix_trap")), CIDR)
+    env = node_environment(selection, EnvSettings(fabric_cidr=CIDR, head_fabric_ip=HEAD))
+    assert (env["NCCL_IB_HCA"], env["NCCL_IB_ADDR_RANGE"]) == ("=mlx5_1:1", CIDR)
+    assert "NCCL_IB_MERGE_NICS" not in env
 
 
 def test_each_node_gets_its_own_host_ip(sparks):
@@ -55,18 +89,19 @@ def test_each_node_gets_its_own_host_ip(sparks):
 
 
 def test_addr_range_mode_is_identical_on_every_host(sparks):
-    """GID index 3 on spark1 and 4 on spark2; NCCL_IB_ADDR_RANGE hides the difference."""
+    """GID index 3 on spark1 and 4 on spark2 (3 on both other halves); NCCL_IB_ADDR_RANGE hides the difference."""
     assert (sparks["spark1"].gid_index, sparks["spark2"].gid_index) == (3, 4)
+    assert [m.gid_index for m in sparks["spark2"].members] == [4, 3]
     envs = _envs(sparks, gid_selection="addr_range")
-    assert envs["spark1"]["NCCL_IB_ADDR_RANGE"] == envs["spark2"]["NCCL_IB_ADDR_RANGE"] == CIDR
+    assert envs["spark1"]["NCCL_IB_ADDR_RANGE"] == envs["spark2"]["NCCL_IB_ADDR_RANGE"] == "198.18.200.0/23"
     assert not any("NCCL_IB_GID_INDEX" in env for env in envs.values())
     differing = sorted(k for k in envs["spark1"] if envs["spark1"][k] != envs["spark2"].get(k))
     assert differing == ["VLLM_HOST_IP"]
     assert "NCCL_IB_ADDR_RANGE" not in non_carry_over_keys(envs)
 
 
-def test_index_mode_differs_per_host_and_is_not_carried(sparks):
-    envs = _envs(sparks, gid_selection="index")
+def test_index_mode_differs_per_host_and_is_not_carried(sparks_one_hca):
+    envs = _envs(sparks_one_hca, gid_selection="index")
     assert (envs["spark1"]["NCCL_IB_GID_INDEX"], envs["spark2"]["NCCL_IB_GID_INDEX"]) == ("3", "4")
     assert not any("NCCL_IB_ADDR_RANGE" in env for env in envs.values())
     assert non_carry_over_keys(envs) == [
@@ -146,8 +181,26 @@ def test_node_environment_errors(sparks, settings, overrides, error, substrings)
     assert all(s in message for s in substrings), message
 
 
+def test_index_mode_one_value_for_every_hca(sparks):
+    """spark1's halves both hold their address at GID 3: one NCCL_IB_GID_INDEX fits both."""
+    env = _envs({"spark1": sparks["spark1"]}, gid_selection="index")["spark1"]
+    assert (env["NCCL_IB_GID_INDEX"], env["NCCL_IB_HCA"]) == ("3", "=rocep1s0f1:1,roceP2p1s0f1:1")
+    assert "NCCL_IB_ADDR_RANGE" not in env
+
+
+def test_index_mode_refuses_per_hca_indexes_that_differ(sparks):
+    """spark2 holds 198.18.200.13 at GID 4 of rocep1s0f1 and 198.18.201.13 at GID 3 of roceP2p1s0f1:
+    NCCL_IB_GID_INDEX is one value for every HCA, so index mode cannot be right; it says so and names addr_range."""
+    with pytest.raises(FabricError) as caught:
+        node_environment(sparks["spark2"], EnvSettings(fabric_cidr=CIDR, head_fabric_ip=HEAD, gid_selection="index"))
+    assert str(caught.value) == (
+        "spark2: gid_selection is 'index' but NCCL_IB_GID_INDEX is one value for every HCA in NCCL_IB_HCA, and the "
+        "RoCE v2 GIDs differ (rocep1s0f1:1 holds 198.18.200.13 at GID 4, roceP2p1s0f1:1 holds 198.18.201.13 at "
+        "GID 3); use gid_selection 'addr_range' (NCCL_IB_ADDR_RANGE: NCCL then picks each HCA's GID by address)")
+
+
 def test_index_mode_without_roce_v2_gid(layout):
-    net = layout("spark1", rocep1s0f1={"gids": []})
+    net = layout("spark1", rocep1s0f1={"gids": []}, **TWIN_DOWN)
     selection = select_fabric("spark1", parse_network(net), CIDR)
     with pytest.raises(FabricError) as caught:
         node_environment(selection, EnvSettings(fabric_cidr=CIDR, head_fabric_ip=HEAD, gid_selection="index"))
@@ -179,8 +232,8 @@ def test_non_carry_over_keys(envs, expected):
     assert non_carry_over_keys(envs) == expected
 
 
-def test_carry_over_hazard_names_key_and_hosts(sparks):
-    envs = _envs(sparks, gid_selection="index")
+def test_carry_over_hazard_names_key_and_hosts(sparks_one_hca):
+    envs = _envs(sparks_one_hca, gid_selection="index")
     hazards = carry_over_hazards(envs, listed=["NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "UCX_NET_DEVICES"])
     assert len(hazards) == 1
     for part in ("NCCL_IB_GID_INDEX", "spark1=3", "spark2=4", "ray_non_carry_over_env_vars.json",

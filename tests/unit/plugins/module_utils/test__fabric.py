@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import (
@@ -14,8 +16,10 @@ from ansible_collections.multinode.vllm.plugins.module_utils._fabric import (
     RdmaPort,
     check_cluster,
     check_inventory,
+    nccl_gid_index,
     parse_cidr,
     parse_network,
+    port_siblings,
     roce_v2_gid_index,
     select_fabric,
 )
@@ -41,7 +45,7 @@ def test_spark_selection_is_the_fabric_port_not_mgmt_nor_twin(layout):
         "prefix": 24,
         "network": "198.18.200.0/24",
         "mtu": 9000,
-        "hca_ports": ["rocep1s0f1:1"],
+        "hca_ports": ["rocep1s0f1:1", "roceP2p1s0f1:1"],
         "rdma": [
             {"hca": "rocep1s0f1", "port": 1, "state": "4: ACTIVE", "link_layer": "Ethernet", "netdev": "enp1s0f1np1"}
         ],
@@ -50,6 +54,17 @@ def test_spark_selection_is_the_fabric_port_not_mgmt_nor_twin(layout):
         "mgmt_ip": "192.168.1.21",
         "warnings": [],
         "link_error": None,
+        # Both endpoints of the cabled QSFP port; the empty cage's (f0) are not the fabric's.
+        "fabric_port": [
+            {"netdev": "enp1s0f1np1", "role": "fabric", "pci_slot": "0000:01:00.1", "phys_port_name": "p1",
+             "operstate": "up", "speed": 200000, "mtu": 9000, "ip": "198.18.200.12", "hca": "rocep1s0f1", "port": 1,
+             "rdma_state": "4: ACTIVE", "gid_index": 3, "used": True, "problem": None},
+            {"netdev": "enP2p1s0f1np1", "role": "sibling", "pci_slot": "0002:01:00.1", "phys_port_name": "p1",
+             "operstate": "up", "speed": 200000, "mtu": 9000, "ip": "198.18.201.12", "hca": "roceP2p1s0f1",
+             "port": 1, "rdma_state": "4: ACTIVE", "gid_index": 3, "used": True, "problem": None},
+        ],
+        # fabric_cidr's smallest supernet holding both halves' addresses (198.18.200.12 and 198.18.201.12).
+        "addr_range": "198.18.200.0/23",
     }
 
 
@@ -58,11 +73,12 @@ SELECT_CASES = [
     ("spark-named-ip", "spark1", {}, {"fabric_ip": "198.18.200.12"},
      {"interface": "enp1s0f1np1", "ip": "198.18.200.12", "gid_index": 3}),
     ("spark-named-interface", "spark1", {}, {"fabric_interface": "enp1s0f1np1"},
-     {"interface": "enp1s0f1np1", "ip": "198.18.200.12", "hca_ports": ["rocep1s0f1:1"]}),
+     {"interface": "enp1s0f1np1", "ip": "198.18.200.12", "hca_ports": ["rocep1s0f1:1", "roceP2p1s0f1:1"]}),
     ("spark-named-both", "spark1", {}, {"fabric_interface": "enp1s0f1np1", "fabric_ip": "198.18.200.12"},
      {"interface": "enp1s0f1np1", "ip": "198.18.200.12"}),
     ("spark-twin-subnet-as-fabric", "spark1", {}, {"cidr": "198.18.201.0/24"},
-     {"interface": "enP2p1s0f1np1", "ip": "198.18.201.12", "hca_ports": ["roceP2p1s0f1:1"], "gid_index": 3}),
+     {"interface": "enP2p1s0f1np1", "ip": "198.18.201.12", "hca_ports": ["roceP2p1s0f1:1", "rocep1s0f1:1"],
+      "gid_index": 3, "addr_range": "198.18.200.0/23"}),
     ("spark2-gid-at-4-ipv6-ignored", "spark2", {}, {},
      {"interface": "enp1s0f1np1", "ip": "198.18.200.13", "prefix": 24, "gid_index": 4}),
     ("no-default-route-mgmt-none", "spark1", {"enP7s7": {"default_route": False}}, {},
@@ -70,9 +86,10 @@ SELECT_CASES = [
     ("mgmt-without-ipv4", "spark1", {"enP7s7": {"addresses": []}}, {},
      {"interface": "enp1s0f1np1", "mgmt_interface": "enP7s7", "mgmt_ip": None}),
     ("two-ports-resolved-by-interface", "spark_two_ports", {}, {"fabric_interface": "enP2p1s0f1np1"},
-     {"interface": "enP2p1s0f1np1", "ip": "198.18.200.114", "hca_ports": ["roceP2p1s0f1:1"], "gid_index": 3}),
+     {"interface": "enP2p1s0f1np1", "ip": "198.18.200.114", "hca_ports": ["roceP2p1s0f1:1", "rocep1s0f1:1"],
+      "gid_index": 3, "addr_range": CIDR}),
     ("two-ports-resolved-by-ip", "spark_two_ports", {}, {"fabric_ip": "198.18.200.14"},
-     {"interface": "enp1s0f1np1", "ip": "198.18.200.14", "hca_ports": ["rocep1s0f1:1"]}),
+     {"interface": "enp1s0f1np1", "ip": "198.18.200.14", "hca_ports": ["rocep1s0f1:1", "roceP2p1s0f1:1"]}),
     ("hca-prefix-trap-only-mlx5_1", "hgx_prefix_trap", {}, {},
      {"interface": "ens1f1np1", "hca_ports": ["mlx5_1:1"], "gid_index": 3, "mgmt_interface": "eno1np0"}),
     ("operstate-unknown-no-carrier-file", "spark1", {"enp1s0f1np1": {"operstate": "unknown", "carrier": None}}, {},
@@ -84,7 +101,7 @@ SELECT_CASES = [
      {}, {"interface": "eth0", "ip": "198.18.200.31", "mgmt_interface": "eth0", "mgmt_ip": "192.168.1.31"}),
     ("roce-v1-only-no-gid-index", "spark1", {"rocep1s0f1": {"gids": [
         {"index": 2, "gid": "0000:0000:0000:0000:0000:ffff:c612:c80c", "type": "IB/RoCE v1"}]}}, {},
-     {"hca_ports": ["rocep1s0f1:1"], "gid_index": None}),
+     {"hca_ports": ["rocep1s0f1:1", "roceP2p1s0f1:1"], "gid_index": None}),
 ]
 
 
@@ -289,7 +306,8 @@ def test_selection_round_trips_through_facts(layout):
     facts = selection.as_dict()
     rebuilt = FabricSelection.from_dict(facts)
     assert rebuilt.as_dict() == facts
-    assert (rebuilt.gid_index, rebuilt.hca_ports, rebuilt.ip) == (4, ("rocep1s0f1:1",), "198.18.200.13")
+    assert (rebuilt.gid_index, rebuilt.hca_ports, rebuilt.ip) == (4, ("rocep1s0f1:1", "roceP2p1s0f1:1"), "198.18.200.13")
+    assert rebuilt.members == selection.members and rebuilt.addr_range == "198.18.200.0/23"
 
 
 @pytest.mark.parametrize(
@@ -422,3 +440,236 @@ def test_check_cluster_selection_outside_cidr(layout):
     errors = check_cluster({"spark1": twin}, CIDR, ["spark1"])
     assert errors[0] == "spark1: fabric address 198.18.201.12 is outside fabric_cidr 198.18.200.0/24"
     assert "enP2p1s0f1np1 is configured as 198.18.201.12/24" in errors[1]
+
+
+# ---------------------------------------------------------------------------
+# The fabric's physical port: both halves of a DGX Spark's QSFP port
+# ---------------------------------------------------------------------------
+
+TWIN = "enP2p1s0f1np1"
+TWIN_HCA = "roceP2p1s0f1"
+LEAVES_OUT = ". NCCL_IB_HCA leaves roceP2p1s0f1:1 out until then, so NCCL reaches about half of the port"
+
+
+def _twin(selection):
+    return next(m for m in selection.members if m.netdev == TWIN)
+
+
+SIBLING_CASES = [
+    # id, layout, changes, interface, expected siblings
+    ("spark-cabled-cage-pairs-across-pci-domains", "spark1", {}, "enp1s0f1np1", ["enP2p1s0f1np1"]),
+    ("spark-twin-finds-the-fabric-half", "spark1", {}, "enP2p1s0f1np1", ["enp1s0f1np1"]),
+    ("spark-empty-cage-pairs-its-own-halves", "spark1", {}, "enp1s0f0np0", ["enP2p1s0f0np0"]),
+    # Same bus/device/function on another domain, but another port name: not the same port.
+    ("port-names-disagree", "spark1", {TWIN: {"phys_port_name": "p0"}}, "enp1s0f1np1", []),
+    # Without phys_port_name (a driver without switchdev names), the PCI address alone pairs them.
+    ("no-port-names", "spark1", {TWIN: {"phys_port_name": None}, "enp1s0f1np1": {"phys_port_name": None}},
+     "enp1s0f1np1", ["enP2p1s0f1np1"]),
+    # One adapter's GUID and one port name on unrelated PCI addresses (socket direct): the same port.
+    ("same-guid-and-port-name", "spark1", {TWIN: {"pci_slot": "0005:03:00.0"}}, "enp1s0f1np1", ["enP2p1s0f1np1"]),
+    # Another adapter (its own GUID) at an unrelated address: not a sibling.
+    ("other-adapter", "spark1", {TWIN: {"pci_slot": "0005:03:00.0"}, TWIN_HCA: {"sys_image_guid": "0000:0000:0000:0001"}},
+     "enp1s0f1np1", []),
+    # No PCI address known (a container without device/uevent): no sibling is guessed.
+    ("no-pci-address", "spark1", {TWIN: {"pci_slot": None}}, "enp1s0f1np1", []),
+    ("hgx-no-pci-data", "hgx_prefix_trap", {}, "ens1f1np1", []),
+    ("unknown-interface", "spark1", {}, "eth9", []),
+]
+
+
+@pytest.mark.parametrize(
+    "name, changes, interface, expected", [case[1:] for case in SIBLING_CASES], ids=[case[0] for case in SIBLING_CASES]
+)
+def test_port_siblings(layout, name, changes, interface, expected):
+    network = parse_network(layout(name, **changes))
+    assert [i.name for i in port_siblings(network, interface)] == expected
+
+
+def test_plain_dual_port_connectx_ports_are_not_siblings(layout):
+    """Both ports of one adapter share its sys_image_guid; p0 and p1 are two ports, each one HCA."""
+    net = {
+        "interfaces": [
+            {"name": "ens1f0np0", "addresses": [], "mtu": 9000, "operstate": "up", "carrier": True,
+             "pci_slot": "0000:17:00.0", "phys_port_name": "p0"},
+            {"name": "ens1f1np1", "addresses": ["198.18.200.21/24"], "mtu": 9000, "operstate": "up", "carrier": True,
+             "pci_slot": "0000:17:00.1", "phys_port_name": "p1"},
+        ],
+        "rdma": [
+            {"hca": "mlx5_0", "port": 1, "state": "4: ACTIVE", "netdev": "ens1f0np0", "sys_image_guid": "b8ce:f603:00a1:b2c2"},
+            {"hca": "mlx5_1", "port": 1, "state": "4: ACTIVE", "netdev": "ens1f1np1", "sys_image_guid": "b8ce:f603:00a1:b2c2",
+             "gids": [{"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:c612:c815", "type": "RoCE v2"}]},
+        ],
+    }
+    selection = select_fabric("gpu1", parse_network(net), CIDR)
+    assert port_siblings(parse_network(net), "ens1f1np1") == ()
+    assert (selection.hca_ports, selection.addr_range, [m.role for m in selection.members]) == (
+        ("mlx5_1:1",), CIDR, ["fabric"])
+
+
+TWIN_PROBLEM_CASES = [
+    # id, changes, the other half's problem (its HCA is left out of NCCL_IB_HCA; the warning adds LEAVES_OUT)
+    ("down", {TWIN: {"operstate": "down", "carrier": None}},
+     "enP2p1s0f1np1, the other half of enp1s0f1np1's port (RDMA roceP2p1s0f1:1), is down; bring it up "
+     "(`ip link set enP2p1s0f1np1 up`, and in netplan) with an address and MTU 9000 as enp1s0f1np1 has"),
+    ("up-without-carrier", {TWIN: {"carrier": False}},
+     "enP2p1s0f1np1, the other half of enp1s0f1np1's port (RDMA roceP2p1s0f1:1), is up without carrier; bring it "
+     "up (`ip link set enP2p1s0f1np1 up`, and in netplan) with an address and MTU 9000 as enp1s0f1np1 has"),
+    ("rdma-port-down", {TWIN_HCA: {"state": "1: DOWN"}},
+     "enP2p1s0f1np1, the other half of enp1s0f1np1's port (RDMA roceP2p1s0f1:1), has its RDMA port in state "
+     "1: DOWN, not ACTIVE; check the link with `rdma link show roceP2p1s0f1:1`"),
+    ("no-address", {TWIN: {"addresses": []}},
+     "enP2p1s0f1np1, the other half of enp1s0f1np1's port (RDMA roceP2p1s0f1:1), has no IPv4 address, so no "
+     "RoCE v2 GID of roceP2p1s0f1:1 holds one for NCCL; give enP2p1s0f1np1 an address (in netplan)"),
+    ("address-without-roce-v2-gid", {TWIN_HCA: {"gids": [
+        {"index": 2, "gid": "0000:0000:0000:0000:0000:ffff:c612:c90c", "type": "IB/RoCE v1"}]}},
+     "enP2p1s0f1np1, the other half of enp1s0f1np1's port (RDMA roceP2p1s0f1:1), carries 198.18.201.12 but no "
+     "RoCE v2 GID of roceP2p1s0f1:1 holds it; check the RoCE mode of roceP2p1s0f1 "
+     "(/sys/class/infiniband/roceP2p1s0f1/ports/1/gid_attrs/types/)"),
+    ("mtu-1500", {TWIN: {"mtu": 1500}},
+     "enP2p1s0f1np1, the other half of enp1s0f1np1's port (RDMA roceP2p1s0f1:1), has MTU 1500 while enp1s0f1np1 "
+     "has 9000; set the same MTU on both halves (`ip link set dev enP2p1s0f1np1 mtu 9000`, and in netplan)"),
+    ("no-rdma-device", {TWIN_HCA: {"netdev": None}},
+     "enP2p1s0f1np1, the other half of enp1s0f1np1's port (RDMA none), has no RDMA device; load the RDMA driver "
+     "for it (mlx5_ib) or check `rdma link show`"),
+]
+
+
+@pytest.mark.parametrize(
+    "changes, problem", [case[1:] for case in TWIN_PROBLEM_CASES], ids=[case[0] for case in TWIN_PROBLEM_CASES]
+)
+def test_other_half_not_usable_is_named_with_the_fix(layout, changes, problem):
+    selection = _select(layout, "spark1", "spark1", changes)
+    twin = _twin(selection)
+    assert (twin.used, twin.problem) == (False, problem)
+    assert selection.hca_ports == ("rocep1s0f1:1",)
+    # Only the fabric interface's address: the range is fabric_cidr again.
+    assert selection.addr_range == CIDR
+    leaves_out = LEAVES_OUT if twin.hca else LEAVES_OUT.replace("roceP2p1s0f1:1", TWIN)
+    assert list(selection.warnings) == ["spark1: " + problem + leaves_out]
+
+
+def test_other_half_in_fabric_cidr_keeps_fabric_cidr(layout):
+    """Both halves addressed inside fabric_cidr (the operator named the interface): the range is fabric_cidr."""
+    selection = _select(layout, "spark_two_ports", "spark3", fabric_interface="enp1s0f1np1")
+    assert (selection.hca_ports, selection.addr_range) == (("rocep1s0f1:1", "roceP2p1s0f1:1"), CIDR)
+    assert [(m.netdev, m.ip, m.gid_index, m.used) for m in selection.members] == [
+        ("enp1s0f1np1", "198.18.200.14", 3, True), ("enP2p1s0f1np1", "198.18.200.114", 3, True)]
+
+
+def test_other_half_address_in_fabric_cidr_is_preferred(layout):
+    """Two addresses on the other half, both held by RoCE v2 GIDs: the one in fabric_cidr is its address."""
+    gids = [{"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:c612:c90c", "type": "RoCE v2"},
+            {"index": 5, "gid": "0000:0000:0000:0000:0000:ffff:c612:c872", "type": "RoCE v2"}]
+    selection = _select(layout, "spark1", "spark1", {
+        TWIN: {"addresses": ["198.18.201.12/24", "198.18.200.114/24"]}, TWIN_HCA: {"gids": gids}},
+        fabric_interface="enp1s0f1np1")
+    twin = _twin(selection)
+    assert (twin.ip, twin.gid_index) == ("198.18.200.114", 5)
+    # The range is fabric_cidr, and NCCL's own choice in it is GID 5: the twin is used.
+    assert (selection.addr_range, twin.used) == (CIDR, True)
+
+
+def test_addr_range_that_would_pick_another_gid_is_a_problem(layout):
+    """The supernet that holds both halves also holds a second address on the fabric HCA, at a lower GID index:
+    NCCL would take that one. The fabric HCA stays listed (warned); the fix is named."""
+    gids = [{"index": 1, "gid": "0000:0000:0000:0000:0000:ffff:c612:c932", "type": "RoCE v2"},   # 198.18.201.50
+            {"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:c612:c80c", "type": "RoCE v2"}]   # 198.18.200.12
+    selection = _select(layout, "spark1", "spark1", {
+        "enp1s0f1np1": {"addresses": ["198.18.200.12/24", "198.18.201.50/24"]}, "rocep1s0f1": {"gids": gids}},
+        fabric_ip="198.18.200.12")
+    fabric = selection.members[0]
+    assert selection.addr_range == "198.18.200.0/23"
+    assert (fabric.used, fabric.gid_index) == (True, 3)
+    assert fabric.problem == (
+        "NCCL_IB_ADDR_RANGE=198.18.200.0/23 would make NCCL use GID 1 of rocep1s0f1:1, not GID 3 that holds "
+        "198.18.200.12 (enp1s0f1np1); remove the other address in that range from enp1s0f1np1, or set "
+        "node_env_gid_selection: index")
+    assert list(selection.warnings) == ["spark1: " + fabric.problem]
+
+
+V1 = "IB/RoCE v1"
+V2 = "RoCE v2"
+LL = "fe80:0000:0000:0000:4ebb:47ff:fe2c:1a0b"
+A12 = "0000:0000:0000:0000:0000:ffff:c612:c80c"     # 198.18.200.12
+B12 = "0000:0000:0000:0000:0000:ffff:c612:c90c"     # 198.18.201.12
+ULA = "fd12:3456:789a:0000:0000:0000:0000:0013"
+
+NCCL_GID_CASES = [
+    # id, (index, gid, type)..., NCCL_IB_ADDR_RANGE (None: unset), expected index
+    ("mlx5-order-v2-at-3", [(0, LL, V1), (1, LL, V2), (2, A12, V1), (3, A12, V2)], "198.18.200.0/24", 3),
+    ("range-unset-first-ipv4-v2", [(0, LL, V1), (1, LL, V2), (2, A12, V1), (3, A12, V2)], None, 3),
+    ("ipv6-ula-before-ipv4", [(0, LL, V1), (1, LL, V2), (2, ULA, V1), (3, A12, V1), (4, A12, V2), (5, ULA, V2)],
+     "198.18.200.0/24", 4),
+    # The other half's address outside the range: nothing matches, NCCL stays at GID 0 (link-local, RoCE v1).
+    ("address-outside-range-stays-at-0", [(0, LL, V1), (1, LL, V2), (2, B12, V1), (3, B12, V2)], "198.18.200.0/24", 0),
+    ("supernet-holds-it", [(0, LL, V1), (1, LL, V2), (2, B12, V1), (3, B12, V2)], "198.18.200.0/23", 3),
+    ("v2-before-v1-keeps-v2", [(0, LL, V1), (2, A12, V2), (3, A12, V1)], "198.18.200.0/24", 2),
+    ("empty-slots-skipped", [(0, LL, V1), (7, A12, V2)], "198.18.200.0/24", 7),
+    ("only-link-local", [(0, LL, V1), (1, LL, V2)], "198.18.200.0/24", 0),
+    ("first-ipv4-v2-in-range-wins", [(0, LL, V1), (1, B12, V2), (3, A12, V2)], "198.18.200.0/23", 1),
+]
+
+
+@pytest.mark.parametrize(
+    "gids, addr_range, expected", [case[1:] for case in NCCL_GID_CASES], ids=[case[0] for case in NCCL_GID_CASES]
+)
+def test_nccl_gid_index_models_nccl(gids, addr_range, expected):
+    table = [Gid(index=i, gid=g, type=t) for i, g, t in gids]
+    network = ipaddress.IPv4Network(addr_range) if addr_range else None
+    assert nccl_gid_index(table, network) == expected
+
+
+def test_selection_without_rdma_has_no_port(layout):
+    selection = _select(layout, "single_nic", "node1")
+    assert (selection.members, selection.addr_range, selection.hca_ports) == ((), None, ())
+    assert (selection.as_dict()["fabric_port"], selection.as_dict()["addr_range"]) == ([], None)
+
+
+def test_facts_without_fabric_port_fall_back_to_the_fabric_hca(layout):
+    """Facts from before this change (no fabric_port, no addr_range): the fabric interface's own RDMA ports."""
+    facts = _select(layout, "spark1", "spark1").as_dict()
+    del facts["fabric_port"], facts["addr_range"]
+    rebuilt = FabricSelection.from_dict(facts)
+    assert (rebuilt.hca_ports, rebuilt.members, rebuilt.addr_range) == (("rocep1s0f1:1",), (), None)
+
+
+# ---------------------------------------------------------------------------
+# fabric_expected_mtu: both halves, both ends of every link
+# ---------------------------------------------------------------------------
+
+EXPECTED_MTU_CASES = [
+    # id, {host: changes}, expected_mtu, errors
+    ("off-by-default", {"spark2": {TWIN: {"mtu": 1500}}}, None, []),
+    ("empty-string-is-off", {}, "", []),
+    ("all-9000", {}, 9000, []),
+    ("jinja-string", {}, "9000", []),
+    ("other-half-at-1500-on-one-end", {"spark2": {TWIN: {"mtu": 1500}}}, 9000, [
+        "spark2: enP2p1s0f1np1 (the other half of fabric interface enp1s0f1np1's port) has MTU 1500, expected 9000 "
+        "(fabric_expected_mtu) on both halves of the fabric port at both ends of every link; set it with "
+        "`ip link set dev enP2p1s0f1np1 mtu 9000` and in the host's netplan, or change fabric_expected_mtu"]),
+    ("everything-at-1500", {"spark1": {"enp1s0f1np1": {"mtu": 1500}, TWIN: {"mtu": 1500}},
+                            "spark2": {"enp1s0f1np1": {"mtu": 1500}, TWIN: {"mtu": 1500}}}, 9000, [
+        "spark1: fabric interface enp1s0f1np1 has MTU 1500, expected 9000 (fabric_expected_mtu)",
+        "spark1: enP2p1s0f1np1 (the other half of fabric interface enp1s0f1np1's port) has MTU 1500, expected 9000",
+        "spark2: fabric interface enp1s0f1np1 has MTU 1500, expected 9000",
+        "spark2: enP2p1s0f1np1 (the other half of fabric interface enp1s0f1np1's port) has MTU 1500, expected 9000"]),
+    # A down other half is left out of NCCL but still checked: it is at the other end of a link.
+    ("down-other-half-still-checked", {"spark1": {TWIN: {"operstate": "down", "carrier": None, "mtu": 1500}}}, 9000,
+     ["spark1: enP2p1s0f1np1 (the other half of fabric interface enp1s0f1np1's port) has MTU 1500, expected 9000"]),
+    ("bad-value", {}, "jumbo", [
+        "fabric_expected_mtu = 'jumbo': expected an MTU from 68 to 65535 (9000 for jumbo frames) or null to skip the "
+        "check; fix it in group_vars"]),
+    ("too-small", {}, 40, ["fabric_expected_mtu = 40: expected an MTU from 68 to 65535"]),
+]
+
+
+@pytest.mark.parametrize(
+    "changes, expected_mtu, errors", [case[1:] for case in EXPECTED_MTU_CASES],
+    ids=[case[0] for case in EXPECTED_MTU_CASES]
+)
+def test_check_cluster_expected_mtu(layout, changes, expected_mtu, errors):
+    selections = {host: _select(layout, host, host, changes.get(host)) for host in ("spark1", "spark2")}
+    found = check_cluster(selections, CIDR, ["spark1"], expected_mtu=expected_mtu)
+    assert len(found) == len(errors), found
+    for error, start in zip(found, errors):
+        assert error.startswith(start), (error, start)

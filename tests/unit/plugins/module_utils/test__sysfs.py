@@ -39,17 +39,20 @@ def test_spark_interfaces(spark1, sysfs_tree):
     )
     assert by_name["enP7s7"] == {
         "name": "enP7s7", "addresses": ["192.168.1.21/24"], "mtu": 1500, "operstate": "up", "carrier": True,
-        "speed": 10000, "default_route": True,
+        "speed": 10000, "default_route": True, "pci_slot": None, "phys_port_name": None,
     }
     assert by_name["enp1s0f1np1"] == {
         "name": "enp1s0f1np1", "addresses": ["198.18.200.12/24"], "mtu": 9000, "operstate": "up", "carrier": True,
-        "speed": 200000, "default_route": False,
+        "speed": 200000, "default_route": False, "pci_slot": "0000:01:00.1", "phys_port_name": "p1",
     }
     # A down link: carrier and speed unreadable, no IPv4 in `ip -4` (an empty {} entry).
     assert by_name["enp1s0f0np0"] == {
         "name": "enp1s0f0np0", "addresses": [], "mtu": 1500, "operstate": "down", "carrier": None,
-        "speed": None, "default_route": False,
+        "speed": None, "default_route": False, "pci_slot": "0000:01:00.0", "phys_port_name": "p0",
     }
+    # The other half of the fabric port: another PCI domain, the same bus, device, function and port name.
+    assert (by_name["enP2p1s0f1np1"]["pci_slot"], by_name["enP2p1s0f1np1"]["phys_port_name"]) == (
+        "0002:01:00.1", "p1")
 
 
 def test_spark_rdma(spark1, sysfs_tree):
@@ -67,16 +70,17 @@ def test_spark_rdma(spark1, sysfs_tree):
         {"index": 3, "gid": "0000:0000:0000:0000:0000:ffff:c612:c80c", "type": "RoCE v2", "netdev": "enp1s0f1np1"},
     ]
     assert (ports["rocep1s0f0"]["state"], ports["rocep1s0f0"]["netdev"]) == ("1: DOWN", "enp1s0f0np0")
+    assert {p["sys_image_guid"] for p in ports.values()} == {"4cbb:4703:002c:1a0a"}
 
 
 def test_read_then_select_matches_the_recorded_layout(spark1, sysfs_tree, layout):
-    """What fabric_facts reads from the Spark selects exactly what networks.yml's spark1 selects."""
+    """What fabric_facts reads from the Spark fixture selects exactly what networks.yml's spark1 selects."""
     files, ip = spark1
     read = select_fabric("spark1", parse_network(read_network(sysfs_tree(files), ip=ip)), CIDR)
     written = select_fabric("spark1", parse_network(layout("spark1")), CIDR)
     assert read.as_dict() == written.as_dict()
     assert (read.interface, read.ip, read.mtu, read.hca_ports, read.gid_index, read.mgmt_interface) == (
-        "enp1s0f1np1", "198.18.200.12", 9000, ("rocep1s0f1:1",), 3, "enP7s7")
+        "enp1s0f1np1", "198.18.200.12", 9000, ("rocep1s0f1:1", "roceP2p1s0f1:1"), 3, "enP7s7")
 
 
 LINK_CASES = [
@@ -119,7 +123,7 @@ def test_no_sysfs_falls_back_to_ip(fixture_data, ip_runner, tmp_path):
     assert sorted(by_name) == ["enP2p1s0f1np1", "enP7s7", "enp1s0f1np1", "lo"]
     assert by_name["enp1s0f1np1"] == {
         "name": "enp1s0f1np1", "addresses": ["198.18.200.12/24"], "mtu": 9000, "operstate": "up", "carrier": None,
-        "speed": None, "default_route": False,
+        "speed": None, "default_route": False, "pci_slot": None, "phys_port_name": None,
     }
     assert not any(e["default_route"] for e in by_name.values())
     assert read_rdma(str(tmp_path / "nosys")) == []
@@ -204,3 +208,48 @@ def test_hca_without_ports_dir_is_skipped(sysfs_tree):
     files = {"class/infiniband/mlx5_9/device/net/eth9": None}
     files.update(_hca("mlx5_0", "eth2"))
     assert [p["hca"] for p in read_rdma(sysfs_tree(files))] == ["mlx5_0"]
+
+
+def test_plain_connectx_host(fixture_data, ip_runner, sysfs_tree):
+    """The plain ConnectX fixture: both ports share the adapter's GUID, each is its own port (p0, p1)."""
+    files = fixture_data("sysfs/connectx.yml")
+    ip = ip_runner(fixture_data("ip/connectx-addr.json"), fixture_data("ip/connectx-route-default.json"))
+    raw = read_network(sysfs_tree(files), ip=ip)
+    by_name = _by_name(raw["interfaces"])
+    assert [(n, by_name[n]["pci_slot"], by_name[n]["phys_port_name"]) for n in ("eno1", "ens1f0np0", "ens1f1np1")] == [
+        ("eno1", "0000:03:00.0", None), ("ens1f0np0", "0000:17:00.0", "p0"), ("ens1f1np1", "0000:17:00.1", "p1")]
+    assert [(p["hca"], p["netdev"], p["sys_image_guid"]) for p in raw["rdma"]] == [
+        ("mlx5_0", "ens1f0np0", "b8ce:f603:00a1:b2c2"), ("mlx5_1", "ens1f1np1", "b8ce:f603:00a1:b2c2")]
+    selection = select_fabric("gpu1", parse_network(raw), CIDR)
+    assert (selection.interface, selection.hca_ports, selection.gid_index, selection.addr_range) == (
+        "ens1f1np1", ("mlx5_1:1",), 3, CIDR)
+
+
+@pytest.mark.parametrize(
+    "uevent, expected",
+    [
+        ("DRIVER=mlx5_core\nPCI_CLASS=20000\nPCI_SLOT_NAME=0002:01:00.1\nMODALIAS=pci:v000015B3", "0002:01:00.1"),
+        ("DRIVER=virtio_net", None),
+        ("PCI_SLOT_NAME=", None),
+        (None, None),
+    ],
+    ids=["pci-device", "not-pci", "empty", "no-device"],
+)
+def test_pci_slot_from_uevent(sysfs_tree, ip_runner, uevent, expected):
+    files = {"class/net/eth1/mtu": "9000"}
+    if uevent is not None:
+        files["class/net/eth1/device/uevent"] = uevent
+    entry = read_interfaces(sysfs_tree(files), ip=ip_runner([], []))[0]
+    assert (entry["pci_slot"], entry["phys_port_name"]) == (expected, None)
+
+
+def test_spark_other_half_read_from_sysfs_down(spark1, sysfs_tree):
+    """The other half's link down in sysfs: fabric_facts reads it and leaves its HCA out, naming it."""
+    files, ip = spark1
+    files["class/net/enP2p1s0f1np1/operstate"] = "down"
+    files.pop("class/net/enP2p1s0f1np1/carrier")
+    files["class/infiniband/roceP2p1s0f1/ports/1/state"] = "1: DOWN"
+    selection = select_fabric("spark1", parse_network(read_network(sysfs_tree(files), ip=ip)), CIDR)
+    assert selection.hca_ports == ("rocep1s0f1:1",)
+    assert selection.warnings[0].startswith(
+        "spark1: enP2p1s0f1np1, the other half of enp1s0f1np1's port (RDMA roceP2p1s0f1:1), is down")
