@@ -38,10 +38,11 @@ SUITE = "bookworm"
 MIRROR = os.environ.get("LAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # What the node venv needs of the OS: python3.11 with venv for build-node-venv.sh, CA certificates for pip, libnuma
 # for vLLM CPU's NUMA binding, procps for Ray's process tools, and a C++ compiler (vLLM CPU compiles its model with
-# torch inductor at start: "InvalidCxxCompiler: No working C++ compiler found" without one).
+# torch inductor at start: "InvalidCxxCompiler: No working C++ compiler found" without one; its C++ wrapper includes
+# Python.h: python3.11-dev).
 # debootstrap's resolver misses some dependencies of --include packages: python3.11-venv's (python3.11-distutils is provided by python3-distutils) are listed.
 PACKAGES = ("python3.11", "python3.11-venv", "python3-distutils", "python3-lib2to3", "python3-pip-whl", "python3-setuptools-whl",
-            "ca-certificates", "libnuma1", "procps", "iproute2", "g++")
+            "ca-certificates", "libnuma1", "procps", "iproute2", "g++", "python3.11-dev")
 VENV = "/opt/multinode-vllm/venv"
 IMAGE_PATH = (VENV + "/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 # pip settings of the build machine that the build inside the rootfs needs too (CA bundle, torch's find-links).

@@ -94,6 +94,10 @@ options:
     description: Pass C(/dev/infiniband) into the container (docker runtime); false on hosts without RDMA devices.
     type: bool
     default: true
+  pid_container:
+    description: A container whose process namespace this one joins (docker runtime), for example the Ray container.
+    type: str
+    default: ""
   role:
     description: Label value, for example V(head) (docker runtime).
     type: str
@@ -128,7 +132,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._runtime import Run
 def node_runtime(env, runtime, name, program, args, env_file, python="", launcher="", log_dir="/var/log/multinode-vllm",
                  run_dir="/run/multinode-vllm", include_dir="/etc/multinode-vllm/supervisor.d",
                  image="", model_dir=None, shm_size="16g", gpus="all", role=None, restart_on=None,
-                 image_var="", env_files=(), rdma=True):
+                 image_var="", env_files=(), rdma=True, pid_container=""):
     try:
         return render(
             str(runtime), str(name), {str(k): str(v) for k, v in dict(env).items()}, str(program),
@@ -136,6 +140,7 @@ def node_runtime(env, runtime, name, program, args, env_file, python="", launche
             run_dir=str(run_dir), include_dir=str(include_dir), image=str(image or ""), model_dir=model_dir, shm_size=str(shm_size), gpus=str(gpus), role=role,
             restart_on=dict(restart_on) if restart_on else None, image_var=str(image_var or ""),
             env_files=[str(path) for path in (env_files or [])], rdma=boolean(rdma, strict=True),
+            pid_container=str(pid_container or ""),
         )
     except RuntimeConfigError as exc:
         raise AnsibleFilterError(str(exc))

@@ -265,6 +265,7 @@ def docker_container_params(
     role: Optional[str] = None,
     command: Optional[Sequence[str]] = None,
     read_dirs: Sequence[str] = (),
+    pid_container: str = "",
 ) -> dict[str, Any]:
     """Parameters of ``community.docker.docker_container`` for one node process.
 
@@ -304,9 +305,11 @@ def docker_container_params(
         "env": {HASH_ENV: digest},
         "network_mode": "host",
         "ipc_mode": "host",
-        # A Ray driver (vllm serve) finds its node's raylet by scanning processes and reaching the sockets in the
-        # session directory: the Ray and vLLM containers share the host's process table and one /tmp.
-        "pid_mode": "host",
+        # Each container its own process namespace, so stopping it ends every process it started (with the
+        # host's, `ray start --block`'s gcs_server and raylet outlive a stopped container); vllm serve under backend
+        # ray joins the Ray container's (pid_container): its Ray driver finds the raylet by scanning processes, and
+        # it ends with Ray.
+        "pid_mode": "container:%s" % pid_container if pid_container else "",
         "device_requests": device_requests,
         "shm_size": shm_size,
         "restart_policy": "unless-stopped",
@@ -351,13 +354,15 @@ def render(
     image_var: str = "",
     env_files: Sequence[str] = (),
     rdma: bool = True,
+    pid_container: str = "",
 ) -> dict[str, Any]:
     """Everything a role needs for one process under ``runtime``, with its config hash.
 
     ``image_var`` names the inventory variable the image comes from, for the error when it is empty.
 
     ``rdma`` passes ``/dev/infiniband`` into a container with ``IPC_LOCK`` and an unlimited memlock (docker only; a
-    host without RDMA devices sets it false).
+    host without RDMA devices sets it false). ``pid_container`` names a container whose process namespace this one
+    joins (docker only).
 
     ``restart_on`` holds values that are not in the env or the arguments but must restart the process when they
     change, such as the digest of a secret file the process reads at start (never the secret itself).
@@ -388,7 +393,8 @@ def render(
         extra["image"] = image
         # The container's device and resource settings too: a change must recreate it, and docker_container's own
         # comparison lets a container keep more ulimits or devices than asked for.
-        extra["container"] = {"gpus": gpus, "rdma": bool(rdma), "shm_size": shm_size, "model_dir": model_dir or ""}
+        extra["container"] = {"gpus": gpus, "rdma": bool(rdma), "shm_size": shm_size, "model_dir": model_dir or "",
+                              "pid_container": pid_container}
     digest = config_hash(env, args, extra)
     result: dict[str, Any] = {"runtime": runtime, "hash": digest, "args": [str(a) for a in args]}
     if runtime == "process":
@@ -408,6 +414,6 @@ def render(
         read_dirs = [posixpath.dirname(path) for path in [launcher, *env_files]] if env_files else []
         result["docker"] = docker_container_params(
             name, image, env_file_path, program, args, digest, model_dir=model_dir, shm_size=shm_size, gpus=gpus,
-            infiniband=rdma, role=role, command=launched, read_dirs=read_dirs,
+            infiniband=rdma, role=role, command=launched, read_dirs=read_dirs, pid_container=pid_container,
         )
     return result

@@ -189,7 +189,7 @@ def test_docker_params():
         {"type": "bind", "source": "/models", "target": "/models", "read_only": True},
         {"type": "bind", "source": "/var/lib/multinode-vllm/container-tmp", "target": "/tmp", "read_only": False},
     ]
-    assert params["pid_mode"] == "host"
+    assert params["pid_mode"] == ""
     assert params["labels"][HASH_LABEL] == out["hash"] and params["labels"]["multinode.vllm.role"] == "worker"
     assert "VLLM_HOST_IP" not in params["env"]
 
@@ -204,6 +204,13 @@ def test_docker_image_change_changes_the_hash():
 def test_docker_gpu_count(gpus, count):
     params = docker_container_params("c", "img", "/e", "ray", [], "h", gpus=gpus)
     assert params["device_requests"][0]["count"] == count
+
+
+def test_a_container_can_join_another_ones_process_namespace():
+    # vllm serve under backend ray joins the Ray container's: its driver finds the raylet, and it ends with Ray.
+    params = render("docker", "vllm", ENV, "vllm", ARGS, "/e", image="img", pid_container="multinode-ray")
+    assert params["docker"]["pid_mode"] == "container:multinode-ray"
+    assert params["hash"] != render("docker", "vllm", ENV, "vllm", ARGS, "/e", image="img")["hash"]
 
 
 def test_docker_no_gpu_request_and_no_rdma_devices_when_switched_off():

@@ -142,8 +142,10 @@ def test_serve_runs_through_the_launcher_with_its_env_files_under_every_runtime(
     docker = render("docker", "vllm", env, "vllm", args, "/etc/multinode-vllm/node.env", image="img", python="python3",
                     launcher=launcher, env_files=files)["docker"]
     assert docker["command"] == ["python3", launcher, *tail, "vllm", *args]
-    assert {m["source"] for m in docker["mounts"]} == {"/etc/multinode-vllm", "/var/lib/multinode-vllm/bin"}
-    assert all(m["read_only"] for m in docker["mounts"])
+    # The env files' and the launcher's directories read only; the node's shared container /tmp the only writable one.
+    assert {m["source"] for m in docker["mounts"] if m["read_only"]} == {"/etc/multinode-vllm",
+                                                                         "/var/lib/multinode-vllm/bin"}
+    assert [m["target"] for m in docker["mounts"] if not m["read_only"]] == ["/tmp"]
     # Another env file (a secret added) restarts it.
     fewer = render("process", "vllm", env, "/v/bin/vllm", args, "/etc/multinode-vllm/node.env",
                    python="/v/bin/python", launcher=launcher, env_files=files[:1])
