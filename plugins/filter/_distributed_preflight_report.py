@@ -13,6 +13,9 @@ description:
     interface each side tried.
   - Also checks the environment carry-over hazard, NCCL_*/UCX_* values that differ between hosts must be listed
     in vLLM's C(ray_non_carry_over_env_vars.json) on the head.
+  - With O(min_busbw_gbps), fails when the slowest rank's all-reduce busbw is below it, naming the likely causes
+    in order (one HCA only, MTU 1500, GID type, NCCL build) with what each host's C(multinode_fabric), NCCL log
+    and NCCL_* environment show for each.
   - Internal to the collection's roles, not for playbooks; it may change or go away without notice.
 author: multinode.vllm maintainers (@multinode)
 options:
@@ -36,6 +39,12 @@ options:
   timeout:
     description: The preflight deadline in seconds (for messages).
     type: float
+  min_busbw_gbps:
+    description: The all-reduce busbw floor in GB/s; V(0) or null is off.
+    type: float
+  size_mib:
+    description: The timed all-reduce's size in MiB (for messages).
+    type: float
 """
 
 EXAMPLES = r"""
@@ -52,7 +61,7 @@ _value:
   contains:
     ok: {description: True when every rank passed and no hazard was found., type: bool}
     problems: {description: "Messages, the cause first.", type: list, elements: str}
-    bandwidth: {description: "The slowest rank's all-reduce: bytes, seconds_per_op, algbw_GBps, busbw_GBps.", type: dict}
+    bandwidth: {description: "The slowest rank's all-reduce: host, bytes, seconds_per_op, algbw_GBps, busbw_GBps.", type: dict}
     ranks: {description: One summary row per host., type: list, elements: dict}
     elapsed: {description: The slowest rank's seconds., type: float}
     summary: {description: One line per rank and one for the bandwidth., type: list, elements: str}
@@ -61,14 +70,20 @@ _value:
 from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import assemble_report
 
 
-def distributed_preflight_report(hostvars, hosts, head, result_var="__distributed_preflight", timeout=None):
+def distributed_preflight_report(hostvars, hosts, head, result_var="__distributed_preflight", timeout=None,
+                                 min_busbw_gbps=None, size_mib=None):
     returns = {}
     interfaces = {}
+    fabrics = {}
     for host in hosts:
         value = hostvars[host].get(result_var)
         returns[str(host)] = dict(value) if value and not value.get("skipped") else None
-        interfaces[str(host)] = (hostvars[host].get("multinode_fabric") or {}).get("interface")
-    return assemble_report(returns, str(head), interfaces, timeout)
+        fabric = hostvars[host].get("multinode_fabric") or {}
+        interfaces[str(host)] = fabric.get("interface")
+        fabrics[str(host)] = dict(fabric)
+    return assemble_report(returns, str(head), interfaces, timeout,
+                           min_busbw_gbps=float(min_busbw_gbps) if min_busbw_gbps else None, fabrics=fabrics,
+                           size_mib=size_mib)
 
 
 class FilterModule:

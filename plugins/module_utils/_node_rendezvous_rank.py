@@ -25,6 +25,11 @@ e.g. inside a container):
    (busbw = algbw * 2 (n - 1) / n, as nccl-tests);
 6. barrier, destroy the group, exit.
 
+With NCCL it also keeps NCCL's own log lines that name the network (``nccl_log``):
+the rank runs NCCL with ``NCCL_DEBUG=INFO`` and ``NCCL_DEBUG_SUBSYS=INIT,NET`` into a
+file of its own (``NCCL_DEBUG_FILE``, or the environment's own file where it sets
+one), and ``_nccl_log`` reads which transport NCCL chose and on which HCAs.
+
 After every step it prints one line ``MULTINODE_PREFLIGHT <json>`` with the
 whole result so far; the module keeps the last one, so a rank killed at the
 deadline still says how far it got.
@@ -33,16 +38,24 @@ deadline still says how far it got.
 from __future__ import annotations
 
 import fcntl
+import glob
 import json
 import os
+import shutil
 import socket
 import struct
 import sys
+import tempfile
 import threading
 import time
 import traceback
 
 MARKER = "MULTINODE_PREFLIGHT "
+
+# NCCL's log: the lines kept (substrings of the messages _nccl_log reads), how many, and how long each may be.
+NCCL_LOG_KEYS = ("NET/", "Using network", "NCCL version", " via NET", "NCCL_IB_", "NCCL_NET", "NCCL WARN")
+NCCL_LOG_MAX_LINES = 300
+NCCL_LOG_MAX_CHARS = 400
 
 # linux/sockios.h, linux/if.h
 SIOCGIFFLAGS = 0x8913
@@ -276,6 +289,55 @@ def get_ip_check(fabric_ip):
 
 
 # ---------------------------------------------------------------------------
+# NCCL's own log (the transport it chose)
+# ---------------------------------------------------------------------------
+
+
+def nccl_debug_settings(environ, workdir):
+    """The NCCL_DEBUG* values the rank runs NCCL under, so that its log names the network.
+
+    NCCL_DEBUG stays where it already says INFO or TRACE, else INFO; NCCL_DEBUG_SUBSYS stays where it already
+    includes INIT and NET (or ALL), else INIT,NET; an NCCL_DEBUG_FILE already set is kept (the rank reads that
+    file), else the log goes to a file in ``workdir``. Returns (the values to set, the file pattern).
+    """
+    settings = {}
+    if (environ.get("NCCL_DEBUG") or "").upper() not in ("INFO", "TRACE"):
+        settings["NCCL_DEBUG"] = "INFO"
+    subsys = (environ.get("NCCL_DEBUG_SUBSYS") or "").upper()
+    parts = set(p.strip() for p in subsys.split(","))
+    if subsys.startswith("^") or not ("ALL" in parts or {"INIT", "NET"} <= parts):
+        settings["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    pattern = environ.get("NCCL_DEBUG_FILE")
+    if not pattern:
+        pattern = os.path.join(workdir, "nccl.log")
+        settings["NCCL_DEBUG_FILE"] = pattern
+    return settings, pattern
+
+
+def read_nccl_log(pattern, pid=None, hostname=None):
+    """The kept lines of NCCL's log file (NCCL replaces %h with the host name and %p with the pid)."""
+    pid = os.getpid() if pid is None else pid
+    host = (hostname or socket.gethostname()).split(".")[0]
+    path = pattern.replace("%h", host).replace("%p", str(pid))
+    if not os.path.exists(path):
+        found = sorted(glob.glob(pattern.replace("%h", "*").replace("%p", str(pid))))
+        if not found:
+            return []
+        path = found[-1]
+    kept = []
+    try:
+        with open(path, errors="replace") as handle:
+            for line in handle:
+                if any(key in line for key in NCCL_LOG_KEYS):
+                    kept.append(line.rstrip("\n")[:NCCL_LOG_MAX_CHARS])
+                    if len(kept) >= NCCL_LOG_MAX_LINES:
+                        break
+    except OSError:
+        return []
+    return kept
+
+
+# ---------------------------------------------------------------------------
 # The rank
 # ---------------------------------------------------------------------------
 
@@ -301,10 +363,15 @@ class Rank:
             "head_ip": config["head_ip"],
             "port": config["port"],
             "init_method": "tcp://%s:%d" % (config["head_ip"], config["port"]),
+            "nccl_expect": config.get("nccl_expect") or {"transport": "none", "hcas": []},
             "timings": {},
         }
+        self.nccl_pattern = None
+        self.workdir = None
 
     def emit(self, **changes):
+        if self.nccl_pattern is not None:
+            changes.setdefault("nccl_log", read_nccl_log(self.nccl_pattern))
         with self.lock:
             self.result.update(changes)
             self.result["timings"]["elapsed_s"] = round(time.time() - self.start, 3)
@@ -321,11 +388,24 @@ class Rank:
         def fire():
             self.emit(error="the rank did not finish before its deadline (%g s) in phase %s" % (
                 self.config["timeout"], self.result["phase"]), error_phase=self.result["phase"], final=True)
+            self.cleanup()
             os._exit(124)
 
         timer = threading.Timer(delay, fire)
         timer.daemon = True
         timer.start()
+
+    def cleanup(self):
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def nccl_debug(self):
+        """Run NCCL with a log that names its transport (before NCCL reads its environment, at init)."""
+        self.workdir = tempfile.mkdtemp(prefix="multinode-preflight-")
+        settings, pattern = nccl_debug_settings(os.environ, self.workdir)
+        os.environ.update(settings)
+        self.nccl_pattern = pattern
+        self.result["nccl_debug"] = {"set": settings, "file": pattern}
 
     def fail(self, exc):
         self.emit(error="%s: %s" % (type(exc).__name__, str(exc).strip()), error_phase=self.result["phase"],
@@ -358,6 +438,8 @@ class Rank:
         if backend == "auto":
             backend = "nccl" if cuda else "gloo"
         self.result["timings"]["import_s"] = round(time.time() - t0, 3)
+        if backend == "nccl":
+            self.nccl_debug()
         self.emit(torch_version=torch.__version__, cuda=cuda, backend=backend)
 
         if cfg.get("check_get_ip", True):
@@ -453,7 +535,11 @@ class Rank:
 def main(argv=None):
     argv = sys.argv if argv is None else argv
     config = json.loads(argv[-1])
-    return Rank(config).run()
+    rank = Rank(config)
+    try:
+        return rank.run()
+    finally:
+        rank.cleanup()
 
 
 if __name__ == "__main__":

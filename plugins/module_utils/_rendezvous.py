@@ -8,7 +8,9 @@ Pure: no Ansible imports, no I/O. The rank process itself is the node script
 parses what it printed (``parse_rank_output``), turns one rank's result into
 messages (``rank_problems``), the results of every rank into the cluster's
 messages (``cluster_problems``), and checks the environment carry-over
-hazard (``carry_over_problems``, over ``_env.carry_over_hazards``).
+hazard (``carry_over_problems``, over ``_env.carry_over_hazards``). NCCL's
+transport (NET/IB on the fabric port's HCAs) and the all-reduce busbw floor
+are judged by ``_nccl_log``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ from ansible_collections.multinode.vllm.plugins.module_utils._env import (
     carry_over_hazards,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._nccl_log import (
+    busbw_problem,
+    parse_nccl_log,
+    transport_line,
+    transport_problems,
+)
 from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import EnvFileError
 from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import parse_env_file as parse_env_text
 from ansible_collections.multinode.vllm.plugins.module_utils._node_rendezvous_rank import MARKER
@@ -104,12 +112,34 @@ def parse_rank_output(stdout: str) -> Optional[dict[str, Any]]:
 
 
 def bandwidth_summary(results: Mapping[str, Optional[Mapping[str, Any]]]) -> Optional[dict[str, Any]]:
-    """The cluster's all-reduce bandwidth: the slowest rank's (all ranks time the same collective)."""
-    rows = [r["bandwidth"] for r in results.values() if r and r.get("bandwidth")]
+    """The cluster's all-reduce bandwidth: the slowest rank's (all ranks time the same collective), with its host."""
+    rows = [(h, r["bandwidth"]) for h, r in sorted(results.items()) if r and r.get("bandwidth")]
     if not rows:
         return None
-    slowest = min(rows, key=lambda b: b["algbw_GBps"])
-    return dict(slowest, ranks=len(rows))
+    host, slowest = min(rows, key=lambda row: row[1]["algbw_GBps"])
+    return dict(slowest, ranks=len(rows), host=host)
+
+
+def nccl_used(result: Optional[Mapping[str, Any]]) -> bool:
+    """Whether this rank ran NCCL (its log is then read for the transport)."""
+    return bool(result) and "nccl" in (result.get("backends") or [result.get("backend")])
+
+
+def nccl_transport(result: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+    """What NCCL's log says about this rank's network (``_nccl_log.parse_nccl_log``); None without NCCL."""
+    if not result or not nccl_used(result) or result.get("nccl_log") is None:
+        return None
+    return parse_nccl_log(result.get("nccl_log") or [])
+
+
+def nccl_transport_problems(result: Optional[Mapping[str, Any]], host: str) -> list[str]:
+    """NET/IB on the fabric port's HCAs, when the rank was told to expect it and finished (else other messages
+    say what went wrong first)."""
+    expect = (result or {}).get("nccl_expect") or {}
+    parsed = nccl_transport(result)
+    if parsed is None or not result or not result.get("ok") or int(result.get("world_size") or 1) < 2:
+        return []
+    return transport_problems(host, parsed, expect.get("transport") or "none", expect.get("hcas") or [])
 
 
 # ---------------------------------------------------------------------------
@@ -174,6 +204,7 @@ def rank_problems(result: Optional[Mapping[str, Any]], host: str, fabric_interfa
         # A wrong sum only (the rank records the checked sums before it fails); a rank that hung or raised in
         # verify is the rendezvous message's to explain.
         problems.append("%s: %s" % (host, error))
+    problems.extend(nccl_transport_problems(result, host))
     return problems
 
 
@@ -289,12 +320,18 @@ def assemble_report(
     head: str,
     fabric_interfaces: Optional[Mapping[str, str]] = None,
     timeout: Optional[float] = None,
+    min_busbw_gbps: Optional[float] = None,
+    fabrics: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    size_mib: Optional[float] = None,
 ) -> dict[str, Any]:
     """Every host's module return (None: no return, e.g. unreachable) -> the cluster's verdict.
 
     Returns ``ok``, ``problems`` (cause first), ``bandwidth`` (the slowest
     rank's), ``ranks`` (one summary row per host) and ``elapsed`` (the
-    slowest rank's seconds).
+    slowest rank's seconds). With ``min_busbw_gbps`` (GB/s; None or 0: off)
+    a cluster whose ranks all passed also fails when the slowest rank's busbw
+    is below it, naming the likely causes from ``fabrics`` (each host's
+    ``multinode_fabric``), the NCCL logs and the NCCL_* environment.
     """
     results: dict[str, Optional[Mapping[str, Any]]] = {}
     envs: dict[str, Mapping[str, str]] = {}
@@ -312,10 +349,17 @@ def assemble_report(
         problems.extend(carry_over_problems(
             envs, head_ret.get("non_carry_over"), head,
             head_ret.get("non_carry_over_file") or NON_CARRY_OVER_FILE))
+    bandwidth = bandwidth_summary(results)
+    if results and all(r and r.get("ok") for r in results.values()):
+        parsed = {h: p for h, p in ((h, nccl_transport(r)) for h, r in results.items()) if p is not None}
+        slow = busbw_problem(bandwidth, min_busbw_gbps, parsed, fabrics or {}, envs, size_mib)
+        if slow:
+            problems.append(slow)
     ranks = []
     for host in sorted(returns, key=lambda h: (h != head, h)):
         r = results.get(host) or {}
         ret = returns.get(host) or {}
+        parsed_rank = nccl_transport(r)
         ranks.append({
             "host": host,
             "rank": r.get("rank"),
@@ -327,9 +371,10 @@ def assemble_report(
             "get_ip": (r.get("get_ip") or {}).get("value"),
             "elapsed": ret.get("elapsed"),
             "killed": ret.get("killed"),
+            "nccl_transport": transport_line(parsed_rank) if parsed_rank is not None else None,
+            "nccl_version": (parsed_rank or {}).get("version"),
         })
     elapsed = [row["elapsed"] for row in ranks if row["elapsed"] is not None]
-    bandwidth = bandwidth_summary(results)
     return {
         "ok": not problems,
         "problems": problems,
@@ -341,10 +386,12 @@ def assemble_report(
 
 
 def summary_line(row: Mapping[str, Any]) -> str:
-    return "%s rank %s %s (phase %s) backends %s gloo %s nccl %s get_ip %s, %s s%s" % (
+    return "%s rank %s %s (phase %s) backends %s gloo %s nccl %s get_ip %s, %s s%s%s" % (
         row["host"], row["rank"], "ok" if row["ok"] else "FAILED", row["phase"],
         "+".join(row["backends"]) or "-", row["gloo_interface"] or "-", row["nccl_interface"] or "-",
-        row["get_ip"] or "-", row["elapsed"], ", killed at the deadline" if row.get("killed") else "")
+        row["get_ip"] or "-", row["elapsed"], ", killed at the deadline" if row.get("killed") else "",
+        "; NCCL %s%s" % (row["nccl_transport"], " (NCCL %s)" % row["nccl_version"] if row.get("nccl_version") else "")
+        if row.get("nccl_transport") else "")
 
 
 def bandwidth_line(bandwidth: Optional[Mapping[str, Any]]) -> str:
@@ -361,8 +408,11 @@ def bandwidth_line(bandwidth: Optional[Mapping[str, Any]]) -> str:
 
 # The parameters a rank's outcome depends on. The deadline, sizes and iterations
 # only shape the measurement, so a pass under other values still proves the rendezvous.
+# What the gate expects of NCCL (transport, HCAs, busbw floor) is part of it: a pass under a weaker gate is not
+# reused for a stricter one.
 FINGERPRINT_PARAMS = ("rank", "world_size", "head_fabric_ip", "fabric_ip", "fabric_interface", "port", "interpreter",
-                      "base_env", "backend", "local_rank", "check_get_ip")
+                      "base_env", "backend", "local_rank", "check_get_ip", "nccl_expect_transport",
+                      "nccl_expect_hcas", "min_busbw_gbps")
 
 
 def node_fingerprint(params: Mapping[str, Any], env_text: str, non_carry_over_text: Optional[str],

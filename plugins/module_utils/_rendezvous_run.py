@@ -57,6 +57,8 @@ def run_rank(params: dict, env: dict[str, str]) -> dict:
         "iterations": params["iterations"],
         "warmup": 1,
         "check_get_ip": params["check_get_ip"],
+        "nccl_expect": {"transport": params.get("nccl_expect_transport") or "none",
+                        "hcas": list(params.get("nccl_expect_hcas") or [])},
     }
     argv = script_argv(params["interpreter"], _node_rendezvous_rank, json.dumps(config))
     try:

@@ -21,6 +21,9 @@ description:
     number of nodes and no C(serial); the M(multinode.vllm.distributed_preflight) role checks that first.
   - The rank is killed at O(timeout) seconds (it also exits by itself at that deadline, for runtimes such as
     C(docker exec) where killing the client does not reach it). No rank process is left behind.
+  - With NCCL it keeps NCCL's own log lines that name the network and reports the transport NCCL chose; with
+    O(nccl_expect_transport=ib) it fails unless that is C(NET/IB) on exactly O(nccl_expect_hcas) (not
+    C(NET/Socket), not one HCA of two), and with O(min_busbw_gbps) unless the all-reduce busbw reaches it.
   - torch comes from the runtime; the module never installs anything.
 author:
   - multinode.vllm maintainers (@multinode)
@@ -101,6 +104,30 @@ options:
     description: Call vLLM's C(get_ip()) in the rank and compare it with O(fabric_ip).
     type: bool
     default: true
+  nccl_expect_transport:
+    description:
+      - What NCCL's own log must show when the rank runs NCCL (the NCCL transport gate).
+      - V(ib) fails unless NCCL carried the all-reduce over C(NET/IB) (NCCL's IB/RoCE transport, or an IB
+        plugin such as C(IBext_v10)) on exactly the HCAs in O(nccl_expect_hcas), not C(NET/Socket).
+      - V(none) checks nothing; the transport is still reported. A Gloo rank is never checked.
+      - The rank runs NCCL with C(NCCL_DEBUG=INFO) and C(NCCL_DEBUG_SUBSYS=INIT,NET) (where the environment does
+        not already log those), into C(NCCL_DEBUG_FILE) (the environment's, else a file of its own).
+    type: str
+    choices: [ib, none]
+    default: none
+  nccl_expect_hcas:
+    description:
+      - The RDMA ports, as C(hca:port), NCCL must use with O(nccl_expect_transport=ib) (C(multinode_fabric.hca_ports),
+        what C(NCCL_IB_HCA) lists).
+    type: list
+    elements: str
+    default: []
+  min_busbw_gbps:
+    description:
+      - This rank's all-reduce busbw (GB/s, the nccl-tests definition) must reach it; V(0) is off.
+      - The role judges the cluster's slowest rank against it instead (the module runs with O(report_only)).
+    type: float
+    default: 0
   non_carry_over_file:
     description:
       - vLLM's C(ray_non_carry_over_env_vars.json) to read and return (on the head). Default
@@ -155,6 +182,8 @@ result:
     route_to_head: {description: Source address and interface towards the rendezvous., type: dict}
     get_ip: {description: "vLLM's get_ip() value, where it came from, matches (the fabric address).", type: dict}
     bandwidth: {description: "bytes, seconds_per_op, algbw_GBps, busbw_GBps of the timed all-reduce.", type: dict}
+    nccl_log: {description: "NCCL's log lines that name the network (NCCL ranks only).", type: list, elements: str}
+    nccl_expect: {description: "What the gate expects, transport (ib, none) and hcas.", type: dict}
     timings: {description: Seconds per phase., type: dict}
 env:
   description: The node environment's NCCL_*, UCX_*, VLLM_HOST_IP, GLOO/TP_SOCKET_IFNAME and VLLM_CONFIG_ROOT.
@@ -213,9 +242,11 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.multinode.vllm.plugins.module_utils import _node_versions
+from ansible_collections.multinode.vllm.plugins.module_utils._nccl_log import busbw_problem
 from ansible_collections.multinode.vllm.plugins.module_utils._rendezvous import (
     MINIMAL_BASE,
     RendezvousError,
+    nccl_transport,
     node_fingerprint,
     parse_env_file,
     parse_proof,
@@ -282,6 +313,9 @@ def main() -> None:
             size_mib=dict(type="float", default=64.0),
             iterations=dict(type="int", default=5),
             check_get_ip=dict(type="bool", default=True),
+            nccl_expect_transport=dict(type="str", choices=["ib", "none"], default="none"),
+            nccl_expect_hcas=dict(type="list", elements="str", default=[]),
+            min_busbw_gbps=dict(type="float", default=0.0),
             non_carry_over_file=dict(type="path"),
             report_only=dict(type="bool", default=False),
             action=dict(type="str", choices=["run", "fingerprint"], default="run"),
@@ -298,6 +332,13 @@ def main() -> None:
         module.fail_json(msg="%s: interpreter must name the runtime's python; got []" % host)
     if p["timeout"] <= 0:
         module.fail_json(msg="%s: timeout must be positive; got %s" % (host, p["timeout"]))
+    if p["min_busbw_gbps"] < 0:
+        module.fail_json(msg="%s: min_busbw_gbps must be 0 (off) or a bandwidth in GB/s; got %s" % (
+            host, p["min_busbw_gbps"]))
+    if p["nccl_expect_transport"] == "ib" and not p["nccl_expect_hcas"]:
+        module.fail_json(msg="%s: nccl_expect_transport is ib but nccl_expect_hcas is empty; give the fabric port's "
+                             "RDMA ports (multinode_fabric.hca_ports, e.g. [rocep1s0f1:1, roceP2p1s0f1:1]) or set "
+                             "nccl_expect_transport to none" % host)
     try:
         env_text = _read(p["env_file"])
         env = parse_env_file(env_text, p["env_file"])
@@ -331,6 +372,13 @@ def main() -> None:
             host, p["rank"], run["result"].get("error_phase"), run["result"]["error"]))
     elif run["result"] is None and run["stderr_tail"]:
         problems.append("%s: %s" % (host, run["stderr_tail"].splitlines()[-1]))
+    if run["result"] is not None and run["result"].get("ok") and not p["report_only"]:
+        parsed = nccl_transport(run["result"])
+        slow = busbw_problem(dict(run["result"].get("bandwidth") or {}, host=host, ranks=p["world_size"])
+                             if run["result"].get("bandwidth") else None, p["min_busbw_gbps"],
+                             {host: parsed} if parsed is not None else {}, {}, {host: env}, p["size_mib"])
+        if slow:
+            problems.append(slow)
     out = dict(
         changed=False,
         env=returned_env(env),

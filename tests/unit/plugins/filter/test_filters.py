@@ -331,3 +331,25 @@ def test_distributed_preflight_reuse_decides_from_every_host():
     assert not distributed_preflight_reuse(hv, ["spark1", "spark2"])["reusable"]
     with pytest.raises(AnsibleFilterError, match="spark3: no fingerprint registered"):
         distributed_preflight_reuse(dict(hv, spark3={}), ["spark1", "spark2", "spark3"])
+
+
+def test_distributed_preflight_report_judges_the_busbw_floor_with_each_host_s_fabric():
+    from ansible_collections.multinode.vllm.plugins.filter._distributed_preflight_report import (
+        distributed_preflight_report,
+    )
+
+    def rank(host, rank_no):
+        return {"host": host, "rank": rank_no, "world_size": 2, "ok": True, "phase": "done", "backend": "gloo",
+                "backends": ["gloo"], "bandwidth": {"bytes": 64 << 20, "dtype": "float32", "iterations": 5,
+                                                    "seconds_per_op": 0.2, "algbw_GBps": 0.3355, "busbw_GBps": 0.3355}}
+
+    hv = {h: {"__distributed_preflight": {"result": rank(h, i), "env": {}, "non_carry_over": [], "elapsed": 9.0},
+              "multinode_fabric": {"interface": "enp1s0f1np1", "mtu": 1500}}
+          for i, h in enumerate(HOSTS)}
+    assert distributed_preflight_report(hv, HOSTS, "spark1")["ok"] is True
+    assert distributed_preflight_report(hv, HOSTS, "spark1", min_busbw_gbps=0)["ok"] is True
+    report = distributed_preflight_report(hv, HOSTS, "spark1", min_busbw_gbps=15, size_mib=64)
+    (problem,) = report["problems"]
+    assert problem.startswith("all-reduce busbw 0.34 GB/s (spark1, the slowest rank: 64.0 MiB float32 over 2 ranks) "
+                              "is below distributed_preflight_min_busbw_gbps 15 GB/s.")
+    assert "2. MTU 1500: spark1: enp1s0f1np1 MTU 1500; spark2: enp1s0f1np1 MTU 1500;" in problem

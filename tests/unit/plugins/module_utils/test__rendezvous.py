@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 
@@ -439,3 +440,87 @@ def test_parse_proof_rejects_broken_files():
     assert rv.parse_proof("{not json") is None
     assert rv.parse_proof('{"hosts": []}') is None
     assert rv.parse_proof('{"cluster_fingerprint": "x"}') == {"cluster_fingerprint": "x"}
+
+
+# --- the NCCL transport gate and the busbw floor (issue 22; log parsing in test__nccl_log.py) ---------------------
+
+NCCL_LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "nccl"
+SPARK_HCAS = ["rocep1s0f1:1", "roceP2p1s0f1:1"]
+
+
+def _nccl_lines(name):
+    return (NCCL_LOGS / name).read_text().splitlines()[1:]  # the first line is the fixture's provenance
+
+
+def _nccl_rank(host, rank, fabric_ip, log, expect="ib", hcas=SPARK_HCAS, **changes):
+    return _rank(host, rank, fabric_ip, backend="nccl", backends=["nccl", "gloo"], nccl_log=_nccl_lines(log),
+                 nccl_expect={"transport": expect, "hcas": list(hcas)}, **changes)
+
+
+def test_gloo_ranks_are_never_held_to_the_nccl_gate():
+    result = _rank("spark2", 1, "198.18.200.13", nccl_expect={"transport": "ib", "hcas": SPARK_HCAS})
+    assert rank_problems(result, "spark2") == []
+
+
+def test_nccl_over_sockets_where_the_fabric_has_rdma_fails_the_rank():
+    result = _nccl_rank("spark1", 0, HEAD_IP, "h200-socket.spark1.log")
+    (problem,) = rank_problems(result, "spark1")
+    assert problem.startswith("spark1: NCCL carried the all-reduce over NET/Socket (fabric0:198.18.210.1<0>), not "
+                              "NET/IB on rocep1s0f1:1, roceP2p1s0f1:1")
+    assert rank_problems(_nccl_rank("spark1", 0, HEAD_IP, "h200-socket.spark1.log", expect="none"), "spark1") == []
+
+
+def test_the_gate_waits_for_a_rank_that_finished():
+    # A rank that hung (the H200's misconfigured worker) is the rendezvous messages' to explain, not the gate's.
+    result = _nccl_rank("spark2", 1, "198.18.200.13", "h200-socket-mgmt.spark2.log", ok=False, phase="verify",
+                        error_phase="verify", error="the rank did not finish before its deadline (30 s) in phase verify")
+    assert not any("NCCL carried" in p or "names no network" in p for p in rank_problems(result, "spark2"))
+
+
+def test_report_shows_each_rank_s_transport_and_passes_both_halves():
+    results = {"spark1": _nccl_rank("spark1", 0, HEAD_IP, "spark-two-hcas.from-source.log"),
+               "spark2": _nccl_rank("spark2", 1, "198.18.200.13", "spark-two-hcas.from-source.log")}
+    report = assemble_report({h: _return(r, ENVS[h], ["NCCL_IB_TIMEOUT"]) for h, r in results.items()}, "spark1",
+                             min_busbw_gbps=0.3)
+    assert report["ok"] is True, report["problems"]
+    assert report["ranks"][0]["nccl_transport"] == "NET/IB on rocep1s0f1:1, roceP2p1s0f1:1 (2 channels)"
+    assert report["summary"][0].endswith("; NCCL NET/IB on rocep1s0f1:1, roceP2p1s0f1:1 (2 channels) "
+                                         "(NCCL 2.28.9+cuda13.0)")
+    assert report["bandwidth"]["host"] == "spark1"
+
+
+def test_report_fails_below_the_busbw_floor_with_the_causes_in_order():
+    results = {"spark1": _nccl_rank("spark1", 0, HEAD_IP, "spark-two-hcas.from-source.log"),
+               "spark2": _nccl_rank("spark2", 1, "198.18.200.13", "spark-one-hca-mtu1500.from-source.log",
+                                    hcas=["rocep1s0f1:1"])}
+    results["spark2"]["bandwidth"] = dict(results["spark2"]["bandwidth"], algbw_GBps=0.2, busbw_GBps=0.2)
+    fabrics = {"spark1": {"interface": FABRIC, "mtu": 9000}, "spark2": {"interface": FABRIC, "mtu": 1500}}
+    report = assemble_report({h: _return(r, ENVS[h], ["NCCL_IB_TIMEOUT"]) for h, r in results.items()}, "spark1",
+                             min_busbw_gbps=15, fabrics=fabrics, size_mib=64)
+    assert report["ok"] is False
+    (problem,) = report["problems"]
+    lines = problem.split("\n")
+    assert lines[0] == ("all-reduce busbw 0.20 GB/s (spark2, the slowest rank: 64.0 MiB float32 over 2 ranks) is below "
+                        "distributed_preflight_min_busbw_gbps 15 GB/s. Likely causes, most likely first:")
+    assert lines[1].strip().startswith("1. one HCA only: spark2: NCCL used rocep1s0f1:1 alone;")
+    assert lines[2].strip().startswith("2. MTU 1500: spark2: enp1s0f1np1 MTU 1500, RoCE path MTU 1024 in NCCL's log;")
+    assert lines[3].strip().startswith("3. GID type:")
+    assert lines[4].strip().startswith("4. NCCL build: NCCL 2.28.9+cuda13.0 on spark1, spark2;")
+
+
+def test_the_floor_is_not_judged_while_a_rank_failed():
+    results = _ok()
+    results["spark2"] = _rank("spark2", 1, "198.18.200.13", ok=False, error=TIMEOUT, error_phase="init")
+    report = assemble_report({h: _return(r, ENVS[h], ["NCCL_IB_TIMEOUT"]) for h, r in results.items()}, "spark1",
+                             min_busbw_gbps=15)
+    assert not any("busbw" in p for p in report["problems"])
+
+
+def test_node_fingerprint_changes_with_what_the_gate_expects():
+    base = rv.node_fingerprint(FP_PARAMS, FP_ENV, None, FP_VERSIONS)
+    changed = [
+        rv.node_fingerprint(dict(FP_PARAMS, nccl_expect_transport="ib"), FP_ENV, None, FP_VERSIONS),
+        rv.node_fingerprint(dict(FP_PARAMS, nccl_expect_hcas=SPARK_HCAS), FP_ENV, None, FP_VERSIONS),
+        rv.node_fingerprint(dict(FP_PARAMS, min_busbw_gbps=15.0), FP_ENV, None, FP_VERSIONS),
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)
