@@ -86,7 +86,7 @@ ansible_facts:
           type: list
           elements: str
           sample: [rocep1s0f1:1, roceP2p1s0f1:1]
-        rdma: {description: The RDMA ports whose netdev is the fabric interface, with state and link layer., type: list, elements: dict}
+        rdma: {description: The RDMA ports whose netdev is the fabric interface (with state and link layer)., type: list, elements: dict}
         gid_index: {description: Index of the RoCE v2 GID that carries the fabric address (null when none)., type: int}
         fabric_port:
           description:
@@ -109,7 +109,7 @@ ansible_facts:
             rdma_state: {description: The RDMA port state as sysfs reports it., type: str, sample: "4: ACTIVE"}
             gid_index: {description: Index of the RoCE v2 GID that holds C(ip) (null when none)., type: int}
             used: {description: Whether NCCL_IB_HCA lists it., type: bool}
-            problem: {description: Why it is not used, or what NCCL would get wrong, with the fix (null when none)., type: str}
+            problem: {description: Why it is not used or what NCCL would get wrong and the fix (null when none)., type: str}
         addr_range:
           description:
             - The NCCL_IB_ADDR_RANGE under which NCCL picks, on every used RDMA port, the RoCE v2 GID that holds its
