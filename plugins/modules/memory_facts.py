@@ -104,7 +104,9 @@ ansible_facts:
           type: float
           sample: 0.82
         model_bytes: {description: Bytes of O(model_path) (null without it)., type: int}
-        caches_dropped: {description: The page cache was dropped (or would be, in check mode)., type: bool}
+        caches_dropped:
+          description: The page cache was dropped (or would be, in check mode).
+          type: bool
 """
 
 import os
