@@ -11,8 +11,8 @@ description:
   - Builds C(VLLM_HOST_IP) (the node's own fabric address), C(GLOO_SOCKET_IFNAME), C(TP_SOCKET_IFNAME),
     C(NCCL_SOCKET_IFNAME) (exact-match form), C(NCCL_IB_HCA) (exact C(=hca:port,...) form, every used endpoint of
     the fabric port, so both halves of a DGX Spark's QSFP port), C(NCCL_IB_MERGE_NICS=1) with more than one HCA,
-    C(NCCL_IB_ADDR_RANGE) or C(NCCL_IB_GID_INDEX), C(UCX_NET_DEVICES), and C(MASTER_ADDR)/C(MASTER_PORT) for the
-    native backend.
+    C(NCCL_IB_ADDR_RANGE) or C(NCCL_IB_GID_INDEX), C(UCX_NET_DEVICES), C(MASTER_ADDR)/C(MASTER_PORT) for the
+    native backend, and C(RAY_memory_monitor_refresh_ms=0) for Ray on a unified-memory node.
   - Every runtime (docker, systemd, process) renders this one dictionary.
 author: multinode.vllm maintainers (@multinode)
 options:
@@ -57,6 +57,12 @@ options:
     description: Per-host values that replace computed keys (an escape hatch; the preflight checks the result).
     type: dict
     default: {}
+  unified_memory:
+    description:
+      - The node's GPU shares the system's memory (C(multinode_memory.unified) from M(multinode.vllm.memory_facts)).
+        With backend V(ray) it sets C(RAY_memory_monitor_refresh_ms=0), unless O(extra) sets that key.
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -74,13 +80,15 @@ _value:
 """
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.multinode.vllm.plugins.module_utils._env import EnvError, EnvSettings, node_environment
 from ansible_collections.multinode.vllm.plugins.module_utils._fabric import FabricError, FabricSelection
 
 
 def fabric_node_env(fabric, fabric_cidr, head_fabric_ip, backend="ray", master_port=29500,
-                    gid_selection="addr_range", vllm_config_root=None, extra=None, overrides=None):
+                    gid_selection="addr_range", vllm_config_root=None, extra=None, overrides=None,
+                    unified_memory=False):
     try:
         settings = EnvSettings(
             fabric_cidr=str(fabric_cidr),
@@ -90,6 +98,7 @@ def fabric_node_env(fabric, fabric_cidr, head_fabric_ip, backend="ray", master_p
             gid_selection=str(gid_selection),
             vllm_config_root=vllm_config_root,
             extra=dict(extra or {}),
+            unified_memory=boolean(unified_memory, strict=False),
         )
         return node_environment(FabricSelection.from_dict(fabric), settings, overrides=dict(overrides or {}))
     except (EnvError, FabricError) as exc:

@@ -38,6 +38,9 @@ CARRIED_PREFIXES = ("VLLM_", "FLASH_ATTENTION_", "LMCACHE_", "NCCL_", "UCX_", "H
 
 NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
 
+# Set to 0 for Ray on unified-memory nodes.
+RAY_MEMORY_MONITOR = "RAY_memory_monitor_refresh_ms"
+
 GID_SELECTIONS = ("addr_range", "index")
 BACKENDS = ("ray", "native")
 
@@ -57,6 +60,8 @@ class EnvSettings:
     gid_selection: str = "addr_range"
     vllm_config_root: Optional[str] = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The node's GPU shares the system's memory (a DGX Spark's GB10: memory_facts' multinode_memory.unified).
+    unified_memory: bool = False
 
 
 def _check_key(key: str, where: str) -> None:
@@ -149,6 +154,11 @@ def node_environment(
     if settings.backend == "native":
         env["MASTER_ADDR"] = settings.head_fabric_ip
         env["MASTER_PORT"] = str(settings.master_port)
+    if settings.unified_memory and settings.backend == "ray" and RAY_MEMORY_MONITOR not in (settings.extra or {}):
+        # Ray's memory monitor counts the one pool (page cache included) and kills workers at 95% of it while the
+        # weights stream in: a load that stalls at 40-80% with no error (_memory.py gives the sources). 0 turns it
+        # off; node_env_extra may set another value instead.
+        env[RAY_MEMORY_MONITOR] = "0"
     if settings.vllm_config_root:
         _check_line("node_env_vllm_config_root", settings.vllm_config_root, host)
         env["VLLM_CONFIG_ROOT"] = settings.vllm_config_root

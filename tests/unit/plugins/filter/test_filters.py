@@ -190,6 +190,16 @@ def test_fabric_probe_report_names_the_down_link_first(hostvars):
 # ---------------------------------------------------------------------------
 
 
+def test_fabric_node_env_unified_memory(facts):
+    # From Jinja the fact's bool may come as a string.
+    for unified in (True, "true", "True"):
+        env = fabric_node_env(facts()["spark2"], CIDR, "198.18.200.12", unified_memory=unified)
+        assert env["RAY_memory_monitor_refresh_ms"] == "0"
+    for unified in (False, "false", None):
+        env = fabric_node_env(facts()["spark2"], CIDR, "198.18.200.12", unified_memory=unified)
+        assert "RAY_memory_monitor_refresh_ms" not in env
+
+
 def test_fabric_node_env_from_facts(facts):
     env = fabric_node_env(facts()["spark2"], CIDR, "198.18.200.12", backend="native",
                           vllm_config_root="/etc/multinode-vllm/vllm", extra={"NCCL_DEBUG": "WARN"})

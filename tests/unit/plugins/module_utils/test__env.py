@@ -289,3 +289,23 @@ def test_a_bad_setting_is_an_env_error_not_a_fabric_error(sparks):
     with pytest.raises(EnvError) as caught:
         node_environment(sparks["spark1"], EnvSettings(fabric_cidr=CIDR, head_fabric_ip=HEAD, backend="mpi"))
     assert not isinstance(caught.value, FabricError)
+
+
+# Unified memory (a DGX Spark's GB10): Ray's memory monitor off, for Ray only (_memory.py gives the sources).
+
+
+def test_unified_memory_turns_ray_memory_monitor_off(sparks):
+    envs = _envs(sparks, unified_memory=True)
+    assert envs["spark1"]["RAY_memory_monitor_refresh_ms"] == "0"
+    assert "RAY_memory_monitor_refresh_ms" not in _envs(sparks)["spark1"]
+    # No Ray with the native backend: nothing to turn off.
+    assert "RAY_memory_monitor_refresh_ms" not in _envs(sparks, unified_memory=True, backend="native")["spark1"]
+    # Not a key vLLM carries to the workers (not listed as per-host either).
+    assert "RAY_memory_monitor_refresh_ms" not in non_carry_over_keys(envs)
+
+
+def test_unified_memory_extra_may_set_the_monitor(sparks):
+    # node_env_extra may set another refresh period (with RAY_memory_usage_threshold, say) instead of 0.
+    envs = _envs(sparks, unified_memory=True,
+                 extra={"RAY_memory_monitor_refresh_ms": "250", "RAY_memory_usage_threshold": "0.99"})
+    assert envs["spark1"]["RAY_memory_monitor_refresh_ms"] == "250"
