@@ -445,7 +445,7 @@ def test_parse_proof_rejects_broken_files():
 # --- the NCCL transport gate and the busbw floor (issue 22; log parsing in test__nccl_log.py) ---------------------
 
 NCCL_LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs" / "nccl"
-SPARK_HCAS = ["rocep1s0f1:1", "roceP2p1s0f1:1"]
+SPARK_HCAS = ("rocep1s0f1:1", "roceP2p1s0f1:1")
 
 
 def _nccl_lines(name):
