@@ -59,7 +59,7 @@ def test_every_profile_value_has_a_role_default_that_reads_it_and_each_reads_its
     used = role_defaults_using_profiles()
     # Each default asks the profile for its own variable (a copy-paste slip would hand one variable another's value).
     assert [(role, var) for role, var, asked in used if var != asked] == []
-    read = {var for _, var, _ in used}
+    read = {var for _role, var, _asked in used}
     for name, values in PROFILES.items():
         assert set(values) <= read, "%s sets variables no role default reads: %s" % (name, set(values) - read)
 
