@@ -6,15 +6,10 @@
 from __future__ import annotations
 
 import pathlib
-import re
 
 import pytest
-import yaml
-from ansible.errors import AnsibleFilterError
 
-from ansible_collections.multinode.vllm.plugins.filter._profile_default import FilterModule
 from ansible_collections.multinode.vllm.plugins.module_utils._profiles import (
-    PROFILES,
     ProfileError,
     check_profile,
     profile_default,
@@ -22,17 +17,6 @@ from ansible_collections.multinode.vllm.plugins.module_utils._profiles import (
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
-CALL = re.compile(r"_profile_default\('([a-z_]+)',")
-
-
-def role_defaults_using_profiles():
-    """(role, variable, the variable the template asks the profile for) for every default that reads a profile."""
-    found = []
-    for path in sorted(ROOT.glob("roles/*/defaults/main.yml")):
-        for variable, value in (yaml.safe_load(path.read_text()) or {}).items():
-            if isinstance(value, str) and "_profile_default(" in value:
-                found.append((path.parts[-3], variable, CALL.search(value).group(1)))
-    return found
 
 
 def test_no_profile_keeps_each_default():
@@ -51,17 +35,6 @@ def test_the_spark_profile_sets_its_values():
 def test_an_unknown_profile_fails_naming_the_known_ones():
     with pytest.raises(ProfileError, match=r"multinode_profile is 'dgx-spark', which is not a profile; known: dgx_spark"):
         check_profile("dgx-spark")
-    with pytest.raises(AnsibleFilterError, match="known: dgx_spark"):
-        FilterModule().filters()["_profile_default"]("spark", "fabric_expected_mtu", None)
-
-
-def test_every_profile_value_has_a_role_default_that_reads_it_and_each_reads_its_own_name():
-    used = role_defaults_using_profiles()
-    # Each default asks the profile for its own variable (a copy-paste slip would hand one variable another's value).
-    assert [(role, var) for role, var, asked in used if var != asked] == []
-    read = {var for _role, var, _asked in used}
-    for name, values in PROFILES.items():
-        assert set(values) <= read, "%s sets variables no role default reads: %s" % (name, set(values) - read)
 
 
 def test_docs_print_the_spark_profile_as_the_code_has_it():
