@@ -55,8 +55,9 @@ def lab():
         # Teardown leaves no container of the collection behind.
         assert left == {"spark1": {}, "spark2": {}}, left
     finally:
-        # The next module's lab is a process one (labctl keeps a running lab's kind).
-        labctl("down")
+        # Back to the process lab the session's other modules expect (lab2 is session-scoped and brought the lab up
+        # once): --kind process stops each node's daemon, its containers removed.
+        labctl("up", "2", "--kind", "process")
 
 
 def test_each_node_daemon_holds_the_same_image_and_its_host_network_is_the_node(lab):
