@@ -55,8 +55,10 @@ def lab():
         # Teardown leaves no container of the collection behind.
         assert left == {"spark1": {}, "spark2": {}}, left
     finally:
-        # Back to the process lab the session's other modules expect (lab2 is session-scoped and brought the lab up
-        # once): --kind process stops each node's daemon, its containers removed.
+        # Back to a fresh process lab, as the session's other modules expect it (lab2 is session-scoped and brought
+        # the lab up once): down removes the containers and every node, with the firewall table the docker deploy
+        # left in spark1's and spark2's namespaces (it would drop a 16-node probe from the new nodes).
+        labctl("down")
         labctl("up", "2", "--kind", "process")
 
 
