@@ -115,3 +115,113 @@ def redact(text: str, secrets: Sequence[str] = ()) -> str:
     for pattern in TOKEN_PATTERNS:
         text = pattern.sub(lambda m: (m.group(1) if m.lastindex else "") + REDACTED, text)
     return text
+
+
+# ---------------------------------------------------------------------------
+# Redacting a whole bundle (doctor): by value, by the name of the key that holds it, by shape
+# ---------------------------------------------------------------------------
+
+# A key that names a secret: VLLM_API_KEY, HF_TOKEN, RAY_AUTH_TOKEN, DB_PASSWORD, aws_secret_access_key, ...
+_SECRET_NAME = re.compile(r"(?i)(token|secret|passw(or)?d|passwd|api[_-]?key|private[_-]?key|credential|"
+                          r"access[_-]?key|auth[_-]?key|^key$|_key$)")
+# ... unless it only points at one or fingerprints it (RAY_AUTH_TOKEN_PATH, auth_token_sha256): kept, doctor
+# compares them.
+_NOT_SECRET_NAME = re.compile(r"(?i)(_path|_file|_dir|_sha256|_digest|_hash|_mode|_set|_present)$")
+# ``KEY=value`` (an env file line, ``env KEY=VALUE`` words, a log echoing its environment), and a command-line flag
+# with its value (``--api-key sk-1``, ``--hf-token=hf_x``).
+_ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)(\s*[=:]\s*)(['\"]?)([^\s'\",;]+)")
+_SECRET_FLAG_VALUE = re.compile(r"(?i)(--?[\w-]*(?:key|token|secret|password|passwd)(?:=|\s+))(['\"]?)([^\s'\"]+)")
+_SECRET_FLAG = re.compile(r"(?i)^--?[\w-]*(key|token|secret|password|passwd)$")
+# A harvested value shorter than this is not replaced everywhere (``true``, ``1``); it is still redacted where its
+# key names it.
+MIN_HARVESTED = 6
+
+
+def is_secret_key(key: object) -> bool:
+    """Whether a variable or field name says it holds a secret (``VLLM_API_KEY``, ``HF_TOKEN``,
+    ``RAY_AUTH_TOKEN``, ``*PASSWORD*``...), not a path to one or its digest (``RAY_AUTH_TOKEN_PATH``,
+    ``auth_token_sha256``)."""
+    if not isinstance(key, str):
+        return False
+    name = key.strip().lstrip("-")
+    return (name.upper() in ALWAYS_SECRET_KEYS or _SECRET_NAME.search(name) is not None) \
+        and _NOT_SECRET_NAME.search(name) is None
+
+
+def redact_text(text: str, secrets: Sequence[str] = ()) -> str:
+    """``redact`` (every known secret value, anything shaped like a token), then the value of every ``KEY=value``
+    whose key names a secret and of every secret-looking command-line flag (``--api-key VALUE``)."""
+    text = redact(text, secrets)
+
+    def assignment(match: "re.Match[str]") -> str:
+        if not is_secret_key(match.group(1)) or match.group(4) == REDACTED:
+            return match.group(0)
+        return match.group(1) + match.group(2) + match.group(3) + REDACTED
+
+    text = _ASSIGNMENT.sub(assignment, text)
+    return _SECRET_FLAG_VALUE.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+
+
+def harvest_secrets(obj: object, found: "set[str] | None" = None) -> set[str]:
+    """Every string value held under a key that names a secret (``is_secret_key``), anywhere in nested data, and
+    every ``KEY=value`` of such a key inside a string: the values to redact wherever else they appear."""
+    found = set() if found is None else found
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if is_secret_key(key) and isinstance(value, (str, int)) and not isinstance(value, bool):
+                if len(str(value)) >= MIN_HARVESTED:
+                    found.add(str(value))
+            else:
+                harvest_secrets(value, found)
+    elif isinstance(obj, (list, tuple)):
+        for index, item in enumerate(obj):
+            harvest_secrets(item, found)
+            if isinstance(item, str) and _SECRET_FLAG.match(item) and index + 1 < len(obj):
+                following = obj[index + 1]
+                if isinstance(following, str) and len(following) >= MIN_HARVESTED:
+                    found.add(following)
+    elif isinstance(obj, str):
+        for match in _ASSIGNMENT.finditer(obj):
+            if is_secret_key(match.group(1)) and len(match.group(4)) >= MIN_HARVESTED:
+                found.add(match.group(4))
+        for match in _SECRET_FLAG_VALUE.finditer(obj):
+            if len(match.group(3)) >= MIN_HARVESTED:
+                found.add(match.group(3))
+    return found
+
+
+def redact_data(obj: object, secrets: Sequence[str] = ()) -> object:
+    """``obj`` (dicts, lists, tuples, strings, scalars) with no secret left in any string, key or value.
+
+    The secrets are ``secrets`` (the API key, the Ray token, the HF token, the values of ``vllm_secret_env``) plus
+    every value found under a secret-looking key (``harvest_secrets``); each is replaced wherever it occurs, inside
+    longer strings and command lines too; a value under a secret-looking key is replaced whole, and in a list the
+    word after a secret-looking flag (``["--api-key", "sk-1"]``). Returns new data; ``obj`` is not changed.
+    """
+    known = sorted({str(s) for s in secrets if s} | harvest_secrets(obj), key=len, reverse=True)
+    return _redact_data(obj, known)
+
+
+def _redact_data(obj: object, known: Sequence[str]) -> object:
+    if isinstance(obj, str):
+        return redact_text(obj, known)
+    if isinstance(obj, Mapping):
+        out = {}
+        for key, value in obj.items():
+            new_key = redact_text(key, known) if isinstance(key, str) else key
+            if is_secret_key(key) and value not in (None, "") and not isinstance(value, (bool, Mapping, list, tuple)):
+                out[new_key] = REDACTED
+            else:
+                out[new_key] = _redact_data(value, known)
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = []
+        mask_next = False
+        for item in obj:
+            if mask_next and isinstance(item, str):
+                items.append(REDACTED)
+            else:
+                items.append(_redact_data(item, known))
+            mask_next = isinstance(item, str) and _SECRET_FLAG.match(item) is not None
+        return items if isinstance(obj, list) else tuple(items)
+    return obj

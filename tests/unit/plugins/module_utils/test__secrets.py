@@ -4,6 +4,7 @@
 """Secret env files (_secrets.py): what sh reads back is exactly what was written; errors never show the value."""
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -11,11 +12,15 @@ import pytest
 from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import parse_env_file
 from ansible_collections.multinode.vllm.plugins.module_utils._secrets import (
     ALWAYS_SECRET_KEYS,
+    REDACTED,
     SOURCE_ARGV,
     SecretError,
+    is_secret_key,
     non_carry_over_with_secrets,
     parse_secret_env,
     redact,
+    redact_data,
+    redact_text,
     secret_env_file,
 )
 
@@ -84,3 +89,54 @@ def test_for_the_launcher_a_line_break_is_refused_naming_the_key_not_the_value(v
 def test_an_unknown_reader_is_refused():
     with pytest.raises(SecretError, match="reader must be one of sh, launcher"):
         secret_env_file({"A": "1"}, reader="bash")
+
+
+# --- redacting a bundle (doctor) ---
+
+PLANTED = {"api": "sk-planted-0123456789", "ray": "ray-planted-abcdefghij", "hf": "hf_" + "Zz09" * 9,
+           "extra": "s3cr3t-extra-value"}
+
+
+@pytest.mark.parametrize("key, secret", [
+    ("VLLM_API_KEY", True), ("HF_TOKEN", True), ("HUGGING_FACE_HUB_TOKEN", True), ("RAY_AUTH_TOKEN", True),
+    ("DB_PASSWORD", True), ("aws_secret_access_key", True), ("--api-key", True),
+    ("RAY_AUTH_TOKEN_PATH", False), ("auth_token_sha256", False), ("RAY_AUTH_MODE", False),
+    ("NCCL_SOCKET_IFNAME", False), ("VLLM_HOST_IP", False), (3, False),
+])
+def test_is_secret_key(key, secret):
+    assert is_secret_key(key) is secret
+
+
+def test_redact_text_by_value_by_name_and_by_flag():
+    text = ("vllm serve m --api-key %s --port 8000; env HF_TOKEN=%s RAY_AUTH_TOKEN='%s' ray status; "
+            "DB_PASSWORD: %s" % (PLANTED["api"], PLANTED["hf"], PLANTED["ray"], PLANTED["extra"]))
+    out = redact_text(text)
+    for value in PLANTED.values():
+        assert value not in out
+    assert "--port 8000" in out
+
+
+def test_redact_data_leaves_no_planted_secret_anywhere():
+    data = {
+        "env_file": {"VLLM_API_KEY": PLANTED["api"], "NCCL_SOCKET_IFNAME": "=enp1s0f1np1"},
+        "vllm_secret_env": {"MY_SERVICE_CREDENTIAL": PLANTED["extra"]},
+        "processes": [{"cmdline": ["vllm", "serve", "--api-key", PLANTED["api"]]},
+                      {"cmdline": "python -c 'x' --hf-token=%s" % PLANTED["hf"]}],
+        "logs": ("raylet token is %s!" % PLANTED["ray"], "the extra %s again" % PLANTED["extra"]),
+        PLANTED["ray"]: "a secret as a key",
+        "nested": [[{"deep": "prefix%ssuffix" % PLANTED["api"]}]],
+        "count": 3, "flag": True, "none": None,
+    }
+    out = redact_data(data, secrets=[PLANTED["ray"]])
+    dumped = json.dumps(out)
+    for value in PLANTED.values():
+        assert value not in dumped
+    assert out["env_file"]["NCCL_SOCKET_IFNAME"] == "=enp1s0f1np1"
+    assert (out["count"], out["flag"], out["none"]) == (3, True, None)
+    assert isinstance(out["logs"], tuple)
+    assert data["env_file"]["VLLM_API_KEY"] == PLANTED["api"]  # the input is not changed
+
+
+def test_short_values_are_redacted_only_where_their_key_names_them():
+    out = redact_data({"VLLM_API_KEY": "abc", "text": "abc is a word"})
+    assert out == {"VLLM_API_KEY": REDACTED, "text": "abc is a word"}
