@@ -136,21 +136,30 @@ importer-lock: ## Re-pin requirements/importer.lock from requirements/importer.i
 lab-runtime: lab-venv lab-model ## Build the lab's node venv (Ray, vLLM CPU) and the tiny model (cached)
 
 integration: setup system-deps lab-runtime lab-image ## Lab tests and integration tests over the lab (root)
-	$(BIN)/pytest -q -p no:cacheprovider tests/lab tests/integration
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests/lab tests/integration
 
-molecule: setup system-deps lab-runtime ## The molecule scenario(s) over the lab
+molecule: setup system-deps lab-runtime lab-image ## The molecule scenario(s) over the lab
 	cd $(CURDIR) && $(BIN)/molecule test --all
 
-test: check docs sanity matrix build importer integration molecule ## Everything CI runs
+TEST_PARTS := check docs sanity matrix build importer integration molecule
+TEST_TIMES := $(CURDIR)/.cache/make-test-times.txt
+# The parts one after another, each timed (docs/benchmarks.md, "What make test costs"): the table is printed at the
+# end and kept in .cache/make-test-times.txt.
+test: ## Everything CI runs
+	@mkdir -p $(dir $(TEST_TIMES)) && : > $(TEST_TIMES)
+	@for part in $(TEST_PARTS); do \
+	  start=$$(date +%s); $(MAKE) --no-print-directory $$part || { echo "make test: $$part failed"; exit 1; }; \
+	  echo "$$part $$(( $$(date +%s) - start )) s" >> $(TEST_TIMES); \
+	done
 	@$(LABCTL) down >/dev/null
-	@echo "make test: all passed"
+	@echo "make test: all passed; seconds per part:"; cat $(TEST_TIMES)
 
 clean: ## Remove the venv and caches (not the lab; see lab-down / lab-clean)
 	rm -rf $(VENV) .cache .pytest_cache tests/output
 
 BACKEND ?= ray
 RUNTIME ?= process
-demo: setup system-deps lab-runtime $(if $(filter docker,$(RUNTIME)),lab-image) ## Lab up, deploy + serve the tiny model (TP=2, BACKEND=ray|native, RUNTIME=process|docker), print a completion; stays up
+demo: setup system-deps lab-runtime $(if $(filter docker systemd,$(RUNTIME)),lab-image) ## Lab up, deploy + serve the tiny model (TP=2, BACKEND=ray|native, RUNTIME=process|docker|systemd), print a completion; stays up
 	$(LABCTL) up 2 --kind $(RUNTIME)
 	set -o pipefail; $(BIN)/ansible-playbook -i inventories/lab playbooks/deploy.yml -e vllm_backend=$(BACKEND) \
 	  -e multinode_runtime=$(RUNTIME) \

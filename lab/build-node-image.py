@@ -42,7 +42,10 @@ MIRROR = os.environ.get("LAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # Python.h: python3.11-dev).
 # debootstrap's resolver misses some dependencies of --include packages: python3.11-venv's (python3.11-distutils is provided by python3-distutils) are listed.
 PACKAGES = ("python3.11", "python3.11-venv", "python3-distutils", "python3-lib2to3", "python3-pip-whl", "python3-setuptools-whl",
-            "ca-certificates", "libnuma1", "procps", "iproute2", "g++", "python3.11-dev")
+            "ca-certificates", "libnuma1", "procps", "iproute2", "g++", "python3.11-dev",
+            # A systemd lab node (`labctl up --kind systemd`) boots this image with systemd as PID 1 and is reached
+            # over SSH like any host: an init, sshd, nftables for the firewall role, python3 for Ansible's modules.
+            "systemd", "openssh-server", "nftables", "python3")
 VENV = "/opt/multinode-vllm/venv"
 IMAGE_PATH = (VENV + "/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 # pip settings of the build machine that the build inside the rootfs needs too (CA bundle, torch's find-links).

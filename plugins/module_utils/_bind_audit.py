@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._problems import Problem
 from ansible_collections.multinode.vllm.plugins.module_utils._proc_net import TCP_LISTEN, UDP_UNCONNECTED, net_sockets
 from ansible_collections.multinode.vllm.plugins.module_utils._procs import own_netns, read_process
 
@@ -274,3 +275,22 @@ def audit(fabric_ip: str, allow: Sequence[Mapping[str, Any]] = (), scope: str = 
         for proc in item["processes"]:
             proc.pop("full_cmdline", None)
     return dict(listeners=seen, violations=[i["message"] for i in seen if i["verdict"] == "violation"])
+
+
+def listener_problems(listeners: Sequence[Mapping[str, Any]], fabric_ip: str, host: str = "") -> list[Problem]:
+    """The violations among judged listeners (``audit``'s ``listeners``, each with ``verdict``, ``reason`` and
+    ``message``) as Problems, rule ``bind_not_fabric``; the message is ``audit``'s own."""
+    problems = []
+    for item in listeners:
+        if item.get("verdict") != "violation":
+            continue
+        where = endpoint(str(item.get("address")), int(item.get("port") or 0))
+        owners = ", ".join("%s (pid %s)" % (p.get("name"), p.get("pid")) for p in item.get("processes") or []) \
+            or "an unknown process"
+        problems.append(Problem(
+            "bind_not_fabric", "%s listens on %s%s" % (
+                owners, "udp " if str(item.get("proto", "")).startswith("udp") else "", where),
+            "%s: a cluster process is reachable off the fabric" % (item.get("reason") or "not the fabric address"),
+            "bind it to the fabric address %s (see %s) or firewall it" % (fabric_ip, DOC), host=host or None,
+            message=str(item.get("message") or "")))
+    return problems

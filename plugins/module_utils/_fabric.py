@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ansible_collections.multinode.vllm.plugins.module_utils._checks import whole_number
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._problems import Problem, messages
 
 
 class FabricError(MultinodeError):
@@ -755,18 +756,21 @@ def check_inventory(
     return errors
 
 
-def check_expected_mtu(selections: Mapping[str, FabricSelection], expected_mtu: Any) -> list[str]:
-    """With ``fabric_expected_mtu`` set: every endpoint of every host's fabric port (both halves on a Spark, so both
-    ends of every link) has that MTU. Returns error messages naming host, interface and both values."""
+def expected_mtu_problems(selections: Mapping[str, FabricSelection], expected_mtu: Any) -> list[Problem]:
+    """``check_expected_mtu`` as Problems (rule ``fabric_mtu_expected``, or ``fabric_mtu_setting`` for a bad
+    ``fabric_expected_mtu``)."""
     if expected_mtu is None or expected_mtu == "":
         return []
     expected = whole_number(expected_mtu)
     if expected is None or not 68 <= expected <= 65535:
-        return [
+        message = (
             "fabric_expected_mtu = %r: expected an MTU from 68 to 65535 (9000 for jumbo frames) or null to skip "
             "the check; fix it in group_vars" % (expected_mtu,)
-        ]
-    errors = []
+        )
+        return [Problem("fabric_mtu_setting", "fabric_expected_mtu = %r" % (expected_mtu,),
+                        "not an MTU from 68 to 65535", "fix fabric_expected_mtu in group_vars (or null to skip)",
+                        message=message)]
+    problems = []
     for host, sel in sorted(selections.items()):
         seen = {sel.interface: sel.mtu}
         for member in sel.members:
@@ -776,12 +780,130 @@ def check_expected_mtu(selections: Mapping[str, FabricSelection], expected_mtu: 
                 continue
             what = "fabric interface %s" % netdev if netdev == sel.interface else \
                 "%s (the other half of fabric interface %s's port)" % (netdev, sel.interface)
-            errors.append(
-                "%s: %s has MTU %d, expected %d (fabric_expected_mtu) on both halves of the fabric port at both "
-                "ends of every link; set it with `ip link set dev %s mtu %d` and in the host's netplan, or change "
-                "fabric_expected_mtu" % (host, what, mtu, expected, netdev, expected)
-            )
-    return errors
+            fix = "set it with `ip link set dev %s mtu %d` and in the host's netplan, or change fabric_expected_mtu" % (
+                netdev, expected)
+            problems.append(Problem(
+                "fabric_mtu_expected", "%s has MTU %d" % (what, mtu),
+                "expected %d (fabric_expected_mtu) on both halves of the fabric port at both ends of every link"
+                % expected, fix, host=host,
+                message="%s: %s has MTU %d, expected %d (fabric_expected_mtu) on both halves of the fabric port at "
+                        "both ends of every link; %s" % (host, what, mtu, expected, fix)))
+    return problems
+
+
+def check_expected_mtu(selections: Mapping[str, FabricSelection], expected_mtu: Any) -> list[str]:
+    """With ``fabric_expected_mtu`` set: every endpoint of every host's fabric port (both halves on a Spark, so both
+    ends of every link) has that MTU. Returns error messages naming host, interface and both values."""
+    return messages(expected_mtu_problems(selections, expected_mtu))
+
+
+def mtu_mismatch_problem(selections: Mapping[str, FabricSelection]) -> Optional[Problem]:
+    """The fabric MTU differs between hosts (rule ``fabric_mtu_mismatch``): the hosts off the most common MTU are
+    named in the symptom; None when every host has the same MTU."""
+    mtus = {host: sel.mtu for host, sel in selections.items()}
+    if len(set(mtus.values())) < 2:
+        return None
+    listing = ", ".join(
+        "%s %s=%d" % (host, selections[host].interface, mtu) for host, mtu in sorted(mtus.items())
+    )
+    counts: dict[int, int] = {}
+    for mtu in mtus.values():
+        counts[mtu] = counts.get(mtu, 0) + 1
+    common = max(counts, key=lambda m: (counts[m], m))  # a tie: the larger MTU (jumbo frames) was meant
+    odd = sorted(host for host, mtu in mtus.items() if mtu != common)
+    return Problem(
+        "fabric_mtu_mismatch", "fabric MTU differs between hosts (%s)" % listing,
+        "%s %s not at the MTU of the others (%d): frames larger than the smaller MTU are dropped, so NCCL/Gloo "
+        "connections hang after connecting" % (", ".join(odd), "is" if len(odd) == 1 else "are", common),
+        "set the same MTU on every fabric interface (`ip link set dev <fabric interface> mtu %d` and in netplan)"
+        % common,
+        message="fabric MTU differs between hosts (%s); set the same MTU on every fabric interface" % listing)
+
+
+def link_problem(selection: FabricSelection) -> Optional[Problem]:
+    """The fabric link of a host is down (rule ``fabric_link_down``): from ``select_fabric(..., allow_link_down=
+    True)``'s ``link_error``; None when it is up."""
+    if not selection.link_error:
+        return None
+    symptom = selection.link_error.split("; ")[0]
+    prefix = selection.host + ": "
+    symptom = symptom[len(prefix):] if symptom.startswith(prefix) else symptom
+    return Problem("fabric_link_down", symptom,
+                   "the fabric link is down (cable, switch port or the far end), so no peer reaches this node over "
+                   "the fabric: Ray, NCCL and Gloo traffic to it is lost",
+                   "check the cable and the far end, then run `ip link set %s up`" % selection.interface,
+                   host=selection.host, message=selection.link_error)
+
+
+def cluster_problems(
+    selections: Mapping[str, FabricSelection],
+    fabric_cidr: Any,
+    head_hosts: Sequence[str],
+    inventory: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    expected_mtu: Any = None,
+) -> list[Problem]:
+    """``check_cluster`` as Problems (rules ``fabric_cidr``, ``inventory_heads``, ``fabric_outside_cidr``,
+    ``fabric_prefix``, ``fabric_ip_mismatch``, ``fabric_is_mgmt``, ``fabric_ip_shared``, ``fabric_mtu_mismatch``,
+    ``fabric_mtu_expected``)."""
+    inventory = inventory or {}
+    try:
+        cidr = parse_cidr(fabric_cidr)
+    except FabricError as exc:
+        return [Problem("fabric_cidr", "fabric_cidr = %r" % (fabric_cidr,), "not a usable IPv4 network",
+                        "set fabric_cidr in group_vars to the fabric subnet", message=str(exc))]
+    problems = [Problem("inventory_heads", message, "the inventory does not name exactly one head among the hosts",
+                        "put exactly one cluster host in group ray_head", message=message)
+                for message in check_heads(head_hosts, selections)]
+
+    by_ip: dict[str, list[str]] = {}
+    for host, sel in sorted(selections.items()):
+        by_ip.setdefault(sel.ip, []).append(host)
+        if sel.address.ip not in cidr:
+            problems.append(Problem(
+                "fabric_outside_cidr", "fabric address %s is outside fabric_cidr %s" % (sel.ip, cidr),
+                "the fabric interface carries an address of another subnet",
+                "give it an address in fabric_cidr or correct fabric_cidr", host=host,
+                message="%s: fabric address %s is outside fabric_cidr %s" % (host, sel.ip, cidr)))
+        if sel.address.network != cidr:
+            problems.append(Problem(
+                "fabric_prefix", "%s is configured as %s, but fabric_cidr is %s" % (
+                    sel.interface, sel.address.with_prefixlen, cidr),
+                "the fabric interfaces are not on one subnet with one prefix",
+                "configure every fabric interface on fabric_cidr with the same prefix", host=host,
+                message="%s: %s is configured as %s, but fabric_cidr is %s; every fabric interface must be on one "
+                        "subnet with the same prefix" % (host, sel.interface, sel.address.with_prefixlen, cidr)))
+        wanted = inventory.get(host, {}).get("fabric_ip")
+        if wanted and str(wanted) != sel.ip:
+            problems.append(Problem(
+                "fabric_ip_mismatch", "inventory fabric_ip is %s but the host carries %s on %s" % (
+                    wanted, sel.ip, sel.interface),
+                "the inventory and the host disagree on the fabric address", "fix host_vars/%s.yml" % host,
+                host=host, message="%s: inventory fabric_ip is %s but the host carries %s on %s; fix host_vars/%s.yml"
+                                   % (host, wanted, sel.ip, sel.interface, host)))
+        if sel.mgmt_ip is not None and sel.mgmt_ip == sel.ip:
+            problems.append(Problem(
+                "fabric_is_mgmt", "fabric address %s on %s is also its management address" % (sel.ip, sel.interface),
+                "cluster traffic would share the management link, and the firewall could not tell them apart",
+                "give the fabric interface its own address in fabric_cidr %s (fabric_ip, fabric_interface in "
+                "host_vars/%s.yml) or correct fabric_cidr" % (cidr, host), host=host,
+                message="%s: fabric address (fabric_ip) = %s on %s is also its management address (%s holds the "
+                        "default route): expected "
+                        "a fabric address apart from management (the firewall opens the fabric to cluster nodes and "
+                        "mgmt to SSH and the API only, and cluster traffic would share the management link); give "
+                        "the fabric interface its own address in fabric_cidr %s (fabric_ip, fabric_interface in "
+                        "host_vars/%s.yml) or correct fabric_cidr" % (
+                            host, sel.ip, sel.interface, sel.mgmt_interface, cidr, host)))
+    for ip, hosts in sorted(by_ip.items()):
+        if len(hosts) > 1:
+            problems.append(Problem(
+                "fabric_ip_shared", "%s all carry fabric address %s" % (" and ".join(hosts), ip),
+                "fabric addresses must be unique", "give each host its own fabric address",
+                message="%s all carry fabric address %s; fabric addresses must be unique" % (" and ".join(hosts), ip)))
+    mismatch = mtu_mismatch_problem(selections)
+    if mismatch is not None:
+        problems.append(mismatch)
+    problems.extend(expected_mtu_problems(selections, expected_mtu))
+    return problems
 
 
 def check_cluster(
@@ -794,52 +916,6 @@ def check_cluster(
     """Checks over every host's selection. Returns error messages (empty = good).
 
     ``expected_mtu`` (``fabric_expected_mtu``, None = no check): the MTU every endpoint of the fabric port must
-    have on every host (``check_expected_mtu``).
+    have on every host (``check_expected_mtu``). The messages of ``cluster_problems``.
     """
-    inventory = inventory or {}
-    try:
-        cidr = parse_cidr(fabric_cidr)
-    except FabricError as exc:
-        return [str(exc)]
-    errors = check_heads(head_hosts, selections)
-
-    by_ip: dict[str, list[str]] = {}
-    for host, sel in sorted(selections.items()):
-        by_ip.setdefault(sel.ip, []).append(host)
-        if sel.address.ip not in cidr:
-            errors.append("%s: fabric address %s is outside fabric_cidr %s" % (host, sel.ip, cidr))
-        if sel.address.network != cidr:
-            errors.append(
-                "%s: %s is configured as %s, but fabric_cidr is %s; every fabric interface must be on one subnet "
-                "with the same prefix" % (host, sel.interface, sel.address.with_prefixlen, cidr)
-            )
-        wanted = inventory.get(host, {}).get("fabric_ip")
-        if wanted and str(wanted) != sel.ip:
-            errors.append(
-                "%s: inventory fabric_ip is %s but the host carries %s on %s; fix host_vars/%s.yml"
-                % (host, wanted, sel.ip, sel.interface, host)
-            )
-        if sel.mgmt_ip is not None and sel.mgmt_ip == sel.ip:
-            errors.append(
-                "%s: fabric address (fabric_ip) = %s on %s is also its management address (%s holds the default route): "
-                "expected "
-                "a fabric address apart from management (the firewall opens the fabric to cluster nodes and mgmt to "
-                "SSH and the API only, and cluster traffic would share the management link); give the fabric "
-                "interface its own address in fabric_cidr %s (fabric_ip, fabric_interface in host_vars/%s.yml) or "
-                "correct fabric_cidr" % (host, sel.ip, sel.interface, sel.mgmt_interface, cidr, host)
-            )
-    for ip, hosts in sorted(by_ip.items()):
-        if len(hosts) > 1:
-            errors.append(
-                "%s all carry fabric address %s; fabric addresses must be unique" % (" and ".join(hosts), ip)
-            )
-    mtus = {host: sel.mtu for host, sel in selections.items()}
-    if len(set(mtus.values())) > 1:
-        listing = ", ".join(
-            "%s %s=%d" % (host, selections[host].interface, mtu) for host, mtu in sorted(mtus.items())
-        )
-        errors.append(
-            "fabric MTU differs between hosts (%s); set the same MTU on every fabric interface" % listing
-        )
-    errors.extend(check_expected_mtu(selections, expected_mtu))
-    return errors
+    return messages(cluster_problems(selections, fabric_cidr, head_hosts, inventory, expected_mtu))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
@@ -218,6 +219,60 @@ def serve_processes(proc_root: str = "/proc") -> tuple[Optional[int], list[int]]
     return serve_tree({p.pid: p for p in read_processes(proc_root) if p.netns == netns}, os.getpid())
 
 
+_CONTAINER_ID = re.compile(r"^(?:docker-)?([0-9a-f]{64})(?:\.scope)?$")
+
+
+def owner_from_cgroup(text: str) -> Optional[dict[str, str]]:
+    """What supervises a process, from its /proc/PID/cgroup: the innermost systemd unit or Docker container.
+
+    ``{"unit": "ray-head.service"}``, ``{"container": "<64 hex>"}``, or None (a login session, a scope of its own, or
+    no init that groups processes). The innermost owner is the last one in the path: a unit of a systemd that runs in
+    a container (``/docker/<id>/system.slice/ray-head.service``, the lab's systemd nodes) is the unit.
+    """
+    best: Optional[dict[str, str]] = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        # cgroup v2 ("0::/path") or v1's systemd hierarchy ("N:name=systemd:/path"): the ones systemd lays out.
+        if len(parts) != 3 or parts[1] not in ("", "name=systemd"):
+            continue
+        found = None
+        for segment in parts[2].split("/"):
+            container = _CONTAINER_ID.match(segment)
+            if container:
+                found = {"container": container.group(1)}
+            elif segment.endswith(".service"):
+                found = {"unit": segment}
+        if found is not None:
+            best = found
+            if parts[1] == "name=systemd":
+                break
+    return best
+
+
+def process_owner(pid: int, proc_root: str = "/proc") -> Optional[dict[str, str]]:
+    """owner_from_cgroup of a process; None when its cgroup file cannot be read."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "cgroup")) as handle:
+            return owner_from_cgroup(handle.read())
+    except OSError:
+        return None
+
+
+def ray_supervisor(pid: int, procs: Mapping[int, Proc], proc_root: str = "/proc") -> Optional[dict[str, str]]:
+    """The unit or container that exists to run this Ray process: the owner of its cgroup, if the topmost process
+    of that cgroup above it is Ray itself (``ray start``). A Ray started from a shell inside some other service (a CI
+    runner's unit, a container whose entrypoint is a script) is not that service's to stop: None."""
+    owner = process_owner(pid, proc_root)
+    if owner is None:
+        return None
+    top = pid
+    for parent in ancestors(pid, procs):
+        if parent not in procs or process_owner(parent, proc_root) != owner:
+            break
+        top = parent
+    return owner if is_ray_process(procs[top]) else None
+
+
 def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
     """What Ray runs in this network namespace, and whether our supervisord started it."""
     netns = own_netns(proc_root)
@@ -241,6 +296,7 @@ def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
         "managed": False,
         "processes": [{"pid": p.pid, "name": p.name} for p in ray],
         "foreign_pids": [],
+        "foreign_owner": None,
     }
     managed_pids = set()
     if sup is not None:
@@ -271,6 +327,9 @@ def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
         state["config_hash"] = env.get(HASH_ENV)
         state["env"].update(auth_state(env, proc_root, raylet.pid))
         state["managed"] = raylet.pid in managed_pids
+        # A foreign raylet's unit or container: stopping its processes alone would let that restart them.
+        state["foreign_owner"] = (ray_supervisor(raylet.pid, procs, proc_root) if raylet.pid in state["foreign_pids"]
+                                  else None)
         for pid in ancestors(raylet.pid, procs):
             parent = procs.get(pid)
             if parent is not None and is_ray_process(parent) and "start" in parent.cmdline:

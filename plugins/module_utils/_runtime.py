@@ -233,7 +233,10 @@ def systemd_unit(
         "EnvironmentFile=%s" % env_file_path,
         "Environment=%s=%s" % (HASH_ENV, digest),
         "ExecStart=%s" % exec_start,
-        "Restart=on-failure",
+        # always, as supervisord's autorestart=true and docker's unless-stopped: vllm serve exits 0 when its engine
+        # died (a rank lost with a rebooted node: EngineDeadError, then a clean uvicorn shutdown), and on-failure
+        # left the head without an API after a worker's reboot. `systemctl stop` is never restarted.
+        "Restart=always",
         "RestartSec=5",
         "KillMode=control-group",
         "TimeoutStopSec=%d" % int(stop_timeout),

@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
+from ansible_collections.multinode.vllm.plugins.module_utils._problems import Problem
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Lines that say nothing about progress or failure (vLLM CPU's routine warnings, progress bars, blank).
 _NOISE = [re.compile(p) for p in (
@@ -97,6 +99,11 @@ CAUSES: tuple[Cause, ...] = (
     Cause("no_ip", r"Failed to get the IP address, using 0\.0\.0\.0",
           "a node has no default route and no VLLM_HOST_IP",
           "set VLLM_HOST_IP to the node's fabric address (run playbooks/deploy.yml)"),
+    Cause("disk_full", r"No space left on device|\[Errno 28\]|ENOSPC",
+          "a node's disk is full (the model directory's filesystem, or /tmp where vLLM and torch compile caches): "
+          "writing a file failed with ENOSPC",
+          "free space on that node's filesystem (df -h on the model directory, /tmp and ~/.cache), then restart "
+          "vllm serve (playbooks/serve.yml)"),
     Cause("model_missing", r"does not appear to have a file named|Repo id must be|HFValidationError|"
           r"No such file or directory: '[^']*(config\.json|model)|LocalEntryNotFoundError|"
           r"We couldn't connect to 'https://huggingface\.co'",
@@ -224,6 +231,15 @@ def likely_cause(tails: Mapping[str, Sequence[str]],
         return {"key": generic.key, "cause": "the engine failed while starting; its first error: %s" % named[name],
                 "fix": generic.fix, "host": name, "line": named[name]}
     return None
+
+
+def cause_problem(cause: Mapping[str, str], symptom: str = "vllm serve failed") -> Problem:
+    """A ``likely_cause`` result as a Problem: rule ``vllm_<key>`` (``vllm_disk_full``, ``vllm_gloo_interface``...),
+    the host whose log showed it, the symptom with that log line."""
+    return Problem("vllm_%s" % cause["key"], "%s; its log says: %s" % (symptom, cause["line"]), cause["cause"],
+                   cause["fix"], host=cause.get("host") or None,
+                   message="most likely cause: %s (%s: %s). Fix: %s" % (
+                       cause["cause"], cause.get("host"), cause["line"], cause["fix"]))
 
 
 def failure_message(reason: str, tails: Mapping[str, Sequence[str]], cause: Optional[Mapping[str, str]],

@@ -17,6 +17,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from ansible_collections.multinode.vllm.plugins.module_utils._errors import MultinodeError
+from ansible_collections.multinode.vllm.plugins.module_utils._problems import Problem, messages
 
 # In the order of the table's columns and of the errors.
 COMPONENTS = ("python", "ray", "vllm", "torch", "nccl", "cuda_runtime", "driver", "image_id", "model")
@@ -102,15 +103,19 @@ def stack_values(stacks: Mapping[str, Mapping[str, Any] | None]) -> tuple[list[s
     return shown, values
 
 
-def stack_errors(stacks: Mapping[str, Mapping[str, Any] | None], allow: Any = ()) -> list[str]:
-    """One message per component whose value differs between nodes (not allowed), hosts grouped by value."""
+def stack_problems(stacks: Mapping[str, Mapping[str, Any] | None], allow: Any = ()) -> list[Problem]:
+    """``stack_errors`` as Problems: rule ``stack_skew`` (one per component that differs, not allowed) or
+    ``stack_unknown`` (a node without its fact)."""
     allowed = parse_allow(allow)
     missing = sorted(host for host, fact in stacks.items() if not fact)
     if missing:
-        return ["%s: no multinode_stack fact; run multinode.vllm.stack_facts on every host first (the role's "
-                "stack_check.yml does)" % ", ".join(missing)]
+        message = ("%s: no multinode_stack fact; run multinode.vllm.stack_facts on every host first (the role's "
+                   "stack_check.yml does)" % ", ".join(missing))
+        return [Problem("stack_unknown", "%s: no multinode_stack fact" % ", ".join(missing),
+                        "the stack of those nodes was not read", "run multinode.vllm.stack_facts on every host first",
+                        message=message)]
     shown, values = stack_values(stacks)
-    errors = []
+    problems = []
     for component in shown:
         if component in allowed:
             continue
@@ -122,8 +127,17 @@ def stack_errors(stacks: Mapping[str, Mapping[str, Any] | None], allow: Any = ()
         found = "; ".join("%s: %s" % (", ".join(hosts), value) for value, hosts in groups.items())
         fix = "%s, or, if the difference is known to be harmless, add {component: %s, reason: <why>} to %s" % (
             _FIXES[component], component, ALLOW_VAR)
-        errors.append("%s differs between nodes (%s); %s" % (component, found, fix))
-    return errors
+        problems.append(Problem(
+            "stack_skew", "%s differs between nodes (%s)" % (component, found),
+            "the nodes run different %s: Ray refuses a version mismatch, NCCL or torch differences hang or fail the "
+            "first collective" % component, _FIXES[component],
+            message="%s differs between nodes (%s); %s" % (component, found, fix)))
+    return problems
+
+
+def stack_errors(stacks: Mapping[str, Mapping[str, Any] | None], allow: Any = ()) -> list[str]:
+    """One message per component whose value differs between nodes (not allowed), hosts grouped by value."""
+    return messages(stack_problems(stacks, allow))
 
 
 def stack_table(stacks: Mapping[str, Mapping[str, Any] | None], hosts: Sequence[str]) -> list[list[str]]:

@@ -71,6 +71,11 @@ ansible_facts:
           description: Ray processes this collection did not start (not under its supervisord, no config hash).
           type: list
           elements: int
+        foreign_owner:
+          description:
+            - The systemd unit (C(unit)) or Docker container (C(container), its ID) that runs a foreign raylet, from
+              its cgroup; null when ours, when none runs, or when nothing supervises it (a login session).
+          type: dict
         stray_pids:
           description: Ray processes of this collection not under this node's supervisord.
           type: list

@@ -75,6 +75,7 @@ options:
     description:
       - Log files of this node to tail (the serve log first).
       - V(docker:NAME) reads the log of container NAME (C(docker logs), its output and error streams) instead.
+      - V(journal:UNIT) reads this boot's journal of systemd unit UNIT (C(journalctl -u UNIT -o cat)) instead.
     type: list
     elements: str
     default: [/var/log/multinode-vllm/vllm.log]
@@ -180,26 +181,44 @@ FIRST_ERROR_SCAN = 32 * 1024 * 1024
 
 
 DOCKER_PREFIX = "docker:"
-# Lines of a container's log scanned for its first exception (docker logs has no byte offset).
+JOURNAL_PREFIX = "journal:"
+# Lines of a container's or unit's log scanned for its first exception (neither has a byte offset).
 FIRST_ERROR_LINES = 200000
 
 
-def container_log(name: str, lines: int):
-    """The last ``lines`` lines of container ``name``'s log (both streams, each in order), or an error string."""
+def _log_command(source: str, lines: int):
+    """(what, argv) reading the last ``lines`` lines of a docker: or journal: source; None for a file."""
+    if source.startswith(DOCKER_PREFIX):
+        name = source[len(DOCKER_PREFIX):]
+        return "container %s" % name, ["docker", "logs", "--tail", str(lines), name]
+    if source.startswith(JOURNAL_PREFIX):
+        unit = source[len(JOURNAL_PREFIX):]
+        # This boot's lines of the unit, message text only (what the program wrote), oldest first.
+        return "unit %s" % unit, ["journalctl", "--unit", unit, "--boot", "--lines", str(lines), "--output", "cat",
+                                  "--no-pager", "--quiet"]
+    return None
+
+
+def command_log(source: str, lines: int):
+    """The last ``lines`` lines of a container's log (both streams) or a unit's journal, an error string, or None
+    when ``source`` is a file."""
+    command = _log_command(source, lines)
+    if command is None:
+        return None
+    what, argv = command
     try:
-        proc = subprocess.run(["docker", "logs", "--tail", str(lines), name], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, timeout=60, check=False)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return "(cannot read the log of container %s: %s)" % (name, exc)
+        return "(cannot read the log of %s: %s)" % (what, exc)
     text = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0:
-        return "(cannot read the log of container %s: %s)" % (name, text.strip()[-300:])
+        return "(cannot read the log of %s: %s)" % (what, text.strip()[-300:])
     return text.splitlines()[-lines:]
 
 
 def tail(path: str, lines: int) -> list:
-    if path.startswith(DOCKER_PREFIX):
-        got = container_log(path[len(DOCKER_PREFIX):], lines)
+    got = command_log(path, lines)
+    if got is not None:
         return [got] if isinstance(got, str) else got
     try:
         with open(path, "r", errors="replace") as handle:
@@ -210,8 +229,8 @@ def tail(path: str, lines: int) -> list:
 
 def first_error(path: str):
     """The first traceback's exception in the log's last FIRST_ERROR_SCAN bytes (None: none, or unreadable)."""
-    if path.startswith(DOCKER_PREFIX):
-        got = container_log(path[len(DOCKER_PREFIX):], FIRST_ERROR_LINES)
+    got = command_log(path, FIRST_ERROR_LINES)
+    if got is not None:
         return None if isinstance(got, str) else first_exception(got)
     try:
         with open(path, "rb") as handle:

@@ -4,10 +4,13 @@
 """Shared helpers for integration tests over the network-namespace lab (docs/lab.md)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 LABCTL = ROOT / "lab" / "labctl"
 LAB_INVENTORY = ROOT / "inventories" / "lab"
 BIN = ROOT / ".venv" / "bin"
+FABRIC = {"spark1": "198.18.200.12", "spark2": "198.18.200.13"}
+API = "http://198.19.1.10:8000/v1/completions"
+API_KEY = Path.home() / ".config" / "multinode-vllm" / "spark1-vllm-api-key"
+TIMINGS = ROOT / ".cache" / "lab-timings.json"
 
 
 @dataclass
@@ -128,3 +135,55 @@ def torn_down_lab():
     result = run_playbook("playbooks/teardown.yml", inventory=inventory)
     labctl("down")
     assert result.rc == 0, result.output[-3000:]
+
+
+def completion(timeout: float = 30.0) -> str:
+    """One completion through the API on the head's management address, with the key; raises when none."""
+    body = json.dumps({"model": "tiny", "prompt": "Hello", "max_tokens": 4, "temperature": 0}).encode()
+    request = urllib.request.Request(API, data=body, headers={
+        "Content-Type": "application/json", "Authorization": "Bearer " + API_KEY.read_text().strip()})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=timeout) as answer:
+        return json.loads(answer.read())["choices"][0]["text"]
+
+
+def first_completion_after(start: float, limit: float) -> float:
+    """Seconds from ``start`` (monotonic) to the first completion answered, polling; fails after ``limit``."""
+    last = None
+    while time.monotonic() - start < limit:
+        try:
+            completion(timeout=20)
+            return time.monotonic() - start
+        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+            last = exc
+            time.sleep(2)
+    raise AssertionError("no completion within %.0f s of the reboot; last error: %s" % (limit, last))
+
+
+def raylet_node_ip(node: str) -> str:
+    pids = ray_pids(node).get("raylet") or []
+    assert len(pids) == 1, "%s: expected one raylet, found %s" % (node, pids)
+    with open("/proc/%d/cmdline" % pids[0], "rb") as handle:
+        words = handle.read().decode().split("\0")
+    return next(w.split("=", 1)[1] for w in words if w.startswith("--node_ip_address="))
+
+
+def record_timing(name: str, seconds: float) -> None:
+    """Keep a measured time in .cache/lab-timings.json (docs/benchmarks.md quotes them; tests assert no bound)."""
+    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    timings = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
+    timings[name] = round(seconds, 1)
+    TIMINGS.write_text(json.dumps(timings, indent=2) + "\n")
+
+
+def assert_verify_names_the_incident(*args: str) -> None:
+    """Once both nodes' raylets run (the incident started by hand: the head without --node-ip-address), verify.yml
+    fails naming the head's management address. ``args``: more ansible-playbook arguments (the runtime)."""
+    deadline = time.monotonic() + 90
+    while not (ray_pids("spark1").get("raylet") and ray_pids("spark2").get("raylet")) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert raylet_node_ip("spark1") == "198.19.1.10"
+    verify = run_playbook("playbooks/verify.yml", *args)
+    assert verify.rc != 0
+    assert "spark1: Ray registered this node as 198.19.1.10, outside the fabric 198.18.200.0/24" in verify.output, \
+        verify.output[-3000:]

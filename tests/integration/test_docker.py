@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
-from conftest import LABCTL, labctl, ray_pids, recap, run_playbook, serve_pids
+from conftest import (FABRIC, LABCTL, assert_verify_names_the_incident, first_completion_after, labctl, ray_pids,
+                      raylet_node_ip, recap, record_timing, run_playbook, serve_pids)
 
 IMAGE = "multinode-vllm-lab/node:current"
 DOCKER = ("-e", "multinode_runtime=docker")
@@ -99,6 +101,29 @@ def test_verify_passes_on_the_docker_cluster(lab):
     assert run.rc == 0, run.output[-5000:]
 
 
+def _reboot_and_come_back(node: str) -> None:
+    """`labctl fault reboot` on a docker node: every process of the node killed, its Docker daemon started again as
+    docker.service would be at boot; the containers come back by their restart policy, nothing else."""
+    before = containers(node)
+    start = time.monotonic()
+    labctl("fault", "reboot", node)
+    record_timing("docker: reboot %s -> first completion" % node, first_completion_after(start, limit=600))
+    after = containers(node)
+    assert sorted(after) == sorted(before) and all(c["running"] for c in after.values()), after
+    assert all(after[name]["started"] != before[name]["started"] for name in after), (before, after)
+    assert raylet_node_ip("spark1") == FABRIC["spark1"] and raylet_node_ip("spark2") == FABRIC["spark2"]
+    verify = run_playbook("playbooks/verify.yml", *DOCKER)
+    assert verify.rc == 0, verify.output[-5000:]
+
+
+def test_a_worker_reboot_is_survived_by_the_restart_policy(lab):
+    _reboot_and_come_back("spark2")
+
+
+def test_a_head_reboot_is_survived_by_the_restart_policy(lab):
+    _reboot_and_come_back("spark1")
+
+
 def test_a_node_whose_image_differs_is_refused_naming_it_and_both_ids(lab):
     original = docker("spark2", "image", "inspect", "--format", "{{.Id}}", IMAGE).strip()
     # A real second image: the same rootfs plus one file, committed in spark2's daemon under the tag in use.
@@ -119,3 +144,27 @@ def test_a_node_whose_image_differs_is_refused_naming_it_and_both_ids(lab):
     assert original in run.output and skewed in run.output
     assert all(counts["changed"] == 0 for counts in recap(run.output).values()), recap(run.output)
     assert {node: containers(node) for node in ("spark1", "spark2")} == before
+
+
+def test_the_incident_in_hand_started_containers_is_caught_by_verify_and_repaired_by_deploy(lab):
+    torn = run_playbook("playbooks/teardown.yml", *DOCKER)
+    assert torn.rc == 0, torn.output[-3000:]
+    # The incident as users start it under docker: the head's container without --node-ip-address.
+    hand = ("run", "-d", "--network", "host", "--ipc", "host", "--restart", "unless-stopped", "--entrypoint", "ray")
+    docker("spark1", *hand, "--name", "ray-head", IMAGE, "start", "--block", "--head", "--port", "6379",
+           "--num-gpus", "1")
+    docker("spark2", *hand, "--name", "ray-worker", IMAGE, "start", "--block", "--address",
+           FABRIC["spark1"] + ":6379", "--node-ip-address", FABRIC["spark2"], "--num-gpus", "1")
+    assert_verify_names_the_incident(*DOCKER)
+    # The deploy names the container, takes its restart policy off and stops it (ray stop alone would be undone by
+    # the policy, and a daemon restart would bring it back), then starts the managed Ray on the fabric address.
+    repair = run_playbook("playbooks/deploy.yml", *DOCKER, "-e", '{"serve_enabled": false, "ray_stop_foreign": true}',
+                          timeout=900)
+    assert repair.rc == 0, repair.output[-5000:]
+    assert "run by the container" in repair.output, repair.output[-5000:]
+    for node, name in (("spark1", "ray-head"), ("spark2", "ray-worker")):
+        state = docker(node, "inspect", "--format", "{{.State.Running}} {{.HostConfig.RestartPolicy.Name}}", name)
+        assert state.split() == ["false", "no"], (node, state)
+        docker(node, "rm", name)
+    assert raylet_node_ip("spark1") == FABRIC["spark1"] and raylet_node_ip("spark2") == FABRIC["spark2"]
+    assert run_playbook("playbooks/verify.yml", *DOCKER, "-e", '{"serve_enabled": false}').rc == 0

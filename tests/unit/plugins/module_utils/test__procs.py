@@ -14,6 +14,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._procs import (
     flag_value,
     is_ray_process,
     node_state,
+    owner_from_cgroup,
 )
 
 VENV = "/venv"
@@ -201,3 +202,63 @@ def test_ours_is_what_carries_the_config_hash_even_after_a_reparent(proc_root, t
     write_proc(proc_root, 70, 1, "vllm", [VENV + "/bin/vllm", "serve", "/m"], MINE)
     write_proc(proc_root, 71, 70, "VLLM::EngineCor", ["VLLM::EngineCore"], MINE, {"MULTINODE_VLLM_CONFIG_HASH": "x"})
     assert node_state(pidfile, proc_root)["serve_ours_pids"] == [71]  # the hand-started server itself is not ours
+
+
+CID = "4f" * 32
+
+
+@pytest.mark.parametrize("text, owner", [
+    # Modelled on the lab's systemd node (cgroup v1, --cgroupns host: the node container's path, then its unit);
+    # test_systemd.py's incident test reads the real one.
+    ("12:pids:/multinode-vllm-lab-spark1/docker/%s/system.slice/ray-head.service\n"
+     "1:name=systemd:/multinode-vllm-lab-spark1/docker/%s/system.slice/ray-head.service\n" % (CID, CID),
+     {"unit": "ray-head.service"}),
+    # A container of a node's own dockerd (cgroupfs driver, the lab's docker nodes).
+    ("1:name=systemd:/multinode-vllm-lab-spark2/docker/%s\n" % CID, {"container": CID}),
+    # Docker with the systemd cgroup driver on cgroup v2 (a stock Debian 12 or DGX OS host).
+    ("0::/system.slice/docker-%s.scope\n" % CID, {"container": CID}),
+    ("0::/system.slice/ray.service\n", {"unit": "ray.service"}),
+    # An SSH login session's `ray start`: nothing restarts it, ray stop is enough.
+    ("0::/user.slice/user-0.slice/session-3.scope\n", None),
+    ("1:name=systemd:/\n", None),
+    ("", None),
+])
+def test_owner_from_cgroup(text, owner):
+    assert owner_from_cgroup(text) == owner
+
+
+def _cgroup(root, pid, path):
+    with open(os.path.join(root, str(pid), "cgroup"), "w") as handle:
+        handle.write("0::%s\n" % path)
+
+
+def test_a_foreign_raylet_names_the_unit_that_runs_ray(proc_root, tmp_path):
+    # systemd (its own cgroup) -> ray start --block (the unit's main process) -> raylet.
+    write_proc(proc_root, 1, 0, "systemd", ["/lib/systemd/systemd"], MINE)
+    write_proc(proc_root, 40, 1, "ray", [VENV + "/bin/python", VENV + "/bin/ray", "start", "--head", "--block"], MINE)
+    write_proc(proc_root, 50, 40, "raylet", [SP + "/core/src/ray/raylet/raylet", "--node_ip_address=198.19.1.10"],
+               MINE)
+    _cgroup(proc_root, 1, "/init.scope")
+    for pid in (40, 50):
+        _cgroup(proc_root, pid, "/system.slice/ray-head.service")
+    assert node_state(str(tmp_path / "none.pid"), proc_root)["foreign_owner"] == {"unit": "ray-head.service"}
+
+
+def test_a_ray_started_from_a_shell_of_another_service_is_not_that_services_to_stop(proc_root, tmp_path):
+    # A CI runner's unit -> sh -> ray start -> raylet: stopping the runner's unit would be wrong; ray stop is enough.
+    write_proc(proc_root, 30, 1, "runner", ["/usr/bin/runner"], MINE)
+    write_proc(proc_root, 31, 30, "sh", ["/bin/sh", "-c", "ray start --head"], MINE)
+    write_proc(proc_root, 40, 31, "ray", [VENV + "/bin/python", VENV + "/bin/ray", "start", "--head"], MINE)
+    write_proc(proc_root, 50, 40, "raylet", [SP + "/core/src/ray/raylet/raylet", "--node_ip_address=198.19.1.10"],
+               MINE)
+    for pid in (30, 31, 40, 50):
+        _cgroup(proc_root, pid, "/system.slice/ci-runner.service")
+    assert node_state(str(tmp_path / "none.pid"), proc_root)["foreign_owner"] is None
+
+
+def test_our_raylet_has_no_foreign_owner(proc_root, tmp_path):
+    pidfile = str(tmp_path / "supervisord.pid")
+    managed_node(proc_root, pidfile)
+    with open(os.path.join(proc_root, "13", "cgroup"), "w") as handle:
+        handle.write("0::/system.slice/multinode-ray.service\n")
+    assert node_state(pidfile, proc_root)["foreign_owner"] is None

@@ -126,6 +126,8 @@ def test_systemd_unit_uses_the_env_file_and_the_args():
     exec_start = [line for line in lines if line.startswith("ExecStart=")]
     assert exec_start == ["ExecStart=" + " ".join([VENV + "/bin/ray"] + HEAD_ARGS)]
     assert "LimitMEMLOCK=infinity" in lines and "KillMode=control-group" in lines
+    # Restarted whatever its exit status, as under supervisord and docker (vllm serve exits 0 on a dead engine).
+    assert "Restart=always" in lines
     # No environment value is duplicated into the unit.
     assert "VLLM_HOST_IP" not in unit
 

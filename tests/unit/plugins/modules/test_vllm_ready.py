@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.multinode.vllm.plugins.filter._vllm_failure_report import vllm_failure_report
@@ -37,6 +39,23 @@ def test_tail_reads_the_last_lines_and_reports_a_missing_file(tmp_path):
     log.write_text("".join("line %d\n" % i for i in range(100)))
     assert tail(str(log), 3) == ["line 97", "line 98", "line 99"]
     assert tail(str(tmp_path / "nope.log"), 3)[0].startswith("(cannot read ")
+
+
+def test_a_units_journal_is_read_with_journalctl(tmp_path, monkeypatch):
+    # A stand-in journalctl on PATH: this machine has no systemd as PID 1 (no journal to read). It records its
+    # arguments and prints a traceback then filler; test_systemd.py reads the real journal in the lab.
+    fake = tmp_path / "journalctl"
+    fake.write_text("#!/bin/sh\necho \"$@\" > %s/args\n[ \"$2\" = gone.service ] && { echo 'No journal files'; exit 1; }\n"
+                    "printf 'Traceback (most recent call last):\\nValueError: bad\\n'\n"
+                    "i=0; while [ $i -lt 50 ]; do echo filler $i; i=$((i+1)); done\n" % tmp_path)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    assert tail("journal:multinode-vllm.service", 2) == ["filler 48", "filler 49"]
+    assert (tmp_path / "args").read_text().split() == [
+        "--unit", "multinode-vllm.service", "--boot", "--lines", "2", "--output", "cat", "--no-pager", "--quiet"]
+    assert first_error("journal:multinode-vllm.service") == {"who": "", "line": "ValueError: bad"}
+    assert tail("journal:gone.service", 2) == ["(cannot read the log of unit gone.service: No journal files)"]
+    assert first_error("journal:gone.service") is None
 
 
 def test_first_error_reads_the_whole_log_not_the_tail(tmp_path):

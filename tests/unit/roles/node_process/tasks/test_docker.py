@@ -21,9 +21,10 @@ TASKS = os.path.join(ROOT, "roles", "node_process", "tasks")
 
 
 def _task(path, module):
+    """The one task of ``module`` acting on a named unit or container (a bare daemon-reload names none)."""
     with open(path) as handle:
         tasks = yaml.safe_load(handle)
-    found = [task for task in tasks if module in task]
+    found = [task for task in tasks if module in task and "name" in task[module]]
     assert len(found) == 1, "%s: expected one %s task" % (path, module)
     return found[0][module]
 
@@ -48,3 +49,7 @@ def test_stop_and_start_act_on_the_same_unit_container_and_section():
     container_stop = _task(os.path.join(TASKS, "stop.yml"), "community.docker.docker_container")
     assert container_start["name"] == container_stop["name"] == "{{ node_process_container }}"
     assert container_stop["state"] == "absent"
+    # Under systemd the stop also removes the unit file it stopped, as docker removes the container.
+    with open(os.path.join(TASKS, "stop.yml")) as handle:
+        removed = [t["ansible.builtin.file"] for t in yaml.safe_load(handle) if "ansible.builtin.file" in t]
+    assert {"path": "/etc/systemd/system/{{ node_process_unit }}", "state": "absent"} in removed
