@@ -20,6 +20,7 @@ raises it and names the part that refused the input:
 - ``_cluster.ClusterError``: the cluster's identity (head, groups, Ray address);
 - ``_stack.StackError``: the stack fingerprint gate's input (the allow-list ``ray_stack_allow_skew``);
 - ``_memory.MemoryPlanError``: a unified-memory node's reading or vLLM memory setting (``gpu_memory_utilization``);
+- ``_doctor.DoctorError``: doctor's bundle (its directory, the cluster's name);
 - ``_watchdog.WatchdogError``: the recovery watchdog's policy or config (also a ``ValueError``);
 - ``_bind_audit.AuditError``, ``_secrets.SecretError``, ``_detach.LineTooLong``, ``_cluster.ClusterError``: also
   ``ValueError``s, as they were (``model_transfer`` catches a peer's over-long line among its ``ValueError``s).

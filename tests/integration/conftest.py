@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -145,6 +146,16 @@ def completion(timeout: float = 30.0) -> str:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=timeout) as answer:
         return json.loads(answer.read())["choices"][0]["text"]
+
+
+def wait_for(condition: Callable[[], bool], seconds: float, every: float = 1.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``seconds`` passed (False, after one last look)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(every)
+    return condition()
 
 
 def first_completion_after(start: float, limit: float) -> float:

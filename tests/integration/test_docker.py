@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import (FABRIC, LABCTL, assert_verify_names_the_incident, first_completion_after, labctl, ray_pids,
-                      raylet_node_ip, recap, record_timing, run_playbook, serve_pids)
+                      raylet_node_ip, recap, record_timing, run_playbook, serve_pids, wait_for)
 
 IMAGE = "multinode-vllm-lab/node:current"
 DOCKER = ("-e", "multinode_runtime=docker")
@@ -99,6 +99,27 @@ def test_a_second_deploy_changes_and_restarts_nothing(lab):
 def test_verify_passes_on_the_docker_cluster(lab):
     run = run_playbook("playbooks/verify.yml", *DOCKER)
     assert run.rc == 0, run.output[-5000:]
+
+
+def test_switching_backends_leaves_nothing_of_the_other_running(lab):
+    native = run_playbook("playbooks/deploy.yml", *DOCKER, "-e", "vllm_backend=native", timeout=900)
+    assert native.rc == 0, native.output[-5000:]
+    assert "completion:" in native.output
+    # Backend native runs no Ray: the Ray containers (restart policy always) are gone from both nodes, and with them
+    # every Ray process; vllm serve runs in a container on each node.
+    for node in FABRIC:
+        found = containers(node)
+        assert sorted(found) == ["multinode-vllm"] and found["multinode-vllm"]["running"], (node, found)
+        assert wait_for(lambda node=node: ray_pids(node) == {}, 30), (node, ray_pids(node))
+        assert serve_pids(node), node
+    back = run_playbook("playbooks/deploy.yml", *DOCKER, timeout=900)
+    assert back.rc == 0, back.output[-5000:]
+    assert "completion:" in back.output
+    # Backend ray serves from the head only: spark2's native rank and its container are gone.
+    head, worker = containers("spark1"), containers("spark2")
+    assert sorted(head) == ["multinode-ray", "multinode-vllm"] and sorted(worker) == ["multinode-ray"], (head, worker)
+    assert serve_pids("spark2") == []
+    assert raylet_node_ip("spark1") == FABRIC["spark1"] and raylet_node_ip("spark2") == FABRIC["spark2"]
 
 
 def _reboot_and_come_back(node: str) -> None:

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from conftest import labctl, run_playbook
+from conftest import labctl, record_timing, run_playbook
 
 NAME = "itest-staging"
 MODEL = "/var/lib/multinode-vllm/models/%s" % NAME
@@ -124,7 +124,7 @@ def test_first_run_copies_everything_over_the_fabric(monkeypatch):
     assert "closed" in out
 
 
-def test_no_change_rerun_transfers_nothing_within_5_s(monkeypatch):
+def test_no_change_rerun_transfers_nothing_and_hashes_nothing(monkeypatch):
     rc, data, output = stage(monkeypatch)
     assert rc == 0, output
     assert task(data, "Start the short-lived sender")["spark1"].get("skipped")
@@ -134,8 +134,10 @@ def test_no_change_rerun_transfers_nothing_within_5_s(monkeypatch):
     assert task(data, "Manifest of the model on the head")["spark1"]["counts"]["hashed"] == 0
     assert task(data, "Compare every worker")["spark2"]["counts"]["hashed"] == 0
     seconds = role_seconds(data)
-    print("no-change re-run, role tasks: %.2f s" % seconds)
-    assert seconds <= 5.0
+    # The 5 s target is a benchmark's (docs/benchmarks.md, "Model staging"; a noisy 2-core machine is no place for a
+    # tight timed test): here the time is recorded, and only a re-run that did real work again (3x the target) fails.
+    record_timing("model staging: no-change re-run, role tasks", seconds)
+    assert seconds <= 15.0, "the no-change re-run took %.1f s (target 5 s, measured by make bench)" % seconds
 
 
 def test_corrupted_file_is_detected_and_only_it_is_resent(monkeypatch):

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import (FABRIC, LABCTL, assert_verify_names_the_incident, completion, first_completion_after, labctl,
-                      ray_pids, raylet_node_ip, recap, record_timing, run_playbook, serve_pids)
+                      ray_pids, raylet_node_ip, recap, record_timing, run_playbook, serve_pids, wait_for)
 
 SYSTEMD = ("-e", "multinode_runtime=systemd")
 UNITS = ("multinode-ray.service", "multinode-vllm.service", "multinode-vllm-firewall.service")
@@ -112,6 +112,30 @@ def test_a_second_deploy_changes_and_restarts_nothing(lab):
 def test_verify_passes_on_the_systemd_cluster(lab):
     run = run_playbook("playbooks/verify.yml", *SYSTEMD)
     assert run.rc == 0, run.output[-5000:]
+
+
+def test_switching_backends_leaves_nothing_of_the_other_running(lab):
+    native = run_playbook("playbooks/deploy.yml", *SYSTEMD, "-e", "vllm_backend=native", timeout=900)
+    assert native.rc == 0, native.output[-5000:]
+    assert "completion:" in native.output
+    # Backend native runs no Ray: the Ray units (Restart=always, enabled for boot) are stopped and removed from both
+    # nodes, and with them every Ray process; vllm serve runs as a unit on each node.
+    for node in FABRIC:
+        found = units(node)
+        assert found["multinode-ray.service"]["LoadState"] == "not-found", (node, found)
+        assert found["multinode-vllm.service"]["ActiveState"] == "active", (node, found)
+        assert wait_for(lambda node=node: ray_pids(node) == {}, 30), (node, ray_pids(node))
+        assert serve_pids(node), node
+    back = run_playbook("playbooks/deploy.yml", *SYSTEMD, timeout=900)
+    assert back.rc == 0, back.output[-5000:]
+    assert "completion:" in back.output
+    # Backend ray serves from the head only: spark2's native rank and its unit are gone.
+    head, worker = units("spark1"), units("spark2")
+    assert head["multinode-ray.service"]["ActiveState"] == "active" == head["multinode-vllm.service"]["ActiveState"]
+    assert worker["multinode-ray.service"]["ActiveState"] == "active", worker
+    assert worker["multinode-vllm.service"]["LoadState"] == "not-found", worker
+    assert serve_pids("spark2") == []
+    assert raylet_node_ip("spark1") == FABRIC["spark1"] and raylet_node_ip("spark2") == FABRIC["spark2"]
 
 
 def _reboot_and_come_back(node: str) -> float:

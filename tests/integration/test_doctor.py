@@ -1,0 +1,135 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""playbooks/doctor.yml on the 2-node process lab (docs/doctor.md).
+
+After a full deploy (Ray, vllm serve, the firewall): a healthy cluster yields no finding, within the issue's 30 s for
+2 nodes; for each of labctl's faults (mtu, drop-port, link-down, reboot) and for a node SSH cannot reach, doctor's
+first diagnosis line names the cause; the bundle of every run holds neither the lab's real API key nor its Ray
+token, even where a log line carries both. Each fault is undone (labctl fault clear, deploy.yml again) before the
+next.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import API_KEY, LAB_INVENTORY, labctl, record_timing, require_root, run_playbook
+
+VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
+TOKEN_FILE = "/etc/multinode-vllm/ray-auth-token"
+FABRIC_IF = "enp1s0f1np1"
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root (network namespaces, sshd)"),
+    pytest.mark.skipif(not (VENV / "bin" / "ray").exists(),
+                       reason="node venv with Ray missing; build it with `make lab-venv`"),
+]
+
+
+def deploy() -> None:
+    result = run_playbook("playbooks/deploy.yml")
+    assert result.rc == 0, result.output[-4000:]
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The 2-node process lab, deployed and serving; the lab's real secrets (the API key, the Ray token)."""
+    require_root()
+    labctl("up", "2", "--kind", "process")
+    labctl("fault", "clear")
+    deploy()
+    secrets = {"api key": API_KEY.read_text().strip(),
+               "ray token": labctl("exec", "spark1", "--", "cat", TOKEN_FILE).strip().splitlines()[-1]}
+    assert all(len(value) >= 16 for value in secrets.values()), "the lab's secrets were not read"
+    yield secrets
+    labctl("fault", "clear")
+    run_playbook("playbooks/teardown.yml")
+
+
+@pytest.fixture
+def restore():
+    """Undo the test's fault, then deploy again so the next test starts from a healthy cluster."""
+    yield
+    labctl("fault", "clear")
+    deploy()
+
+
+def doctor(tmp_path: Path, secrets: dict, *args: str, inventory: Path | str = LAB_INVENTORY):
+    """Run doctor.yml into tmp_path; return (its diagnosis as data: findings and lines, the extracted bundle's
+    directory, the run). Every file of the bundle, and the run's output, is checked for the lab's secrets first."""
+    out = tmp_path / "doctor"
+    run = run_playbook("playbooks/doctor.yml", "-e", "doctor_dir=%s" % out, *args, inventory=inventory)
+    assert run.rc == 0, run.output[-4000:]
+    bundles = sorted(out.glob("doctor-spark1-*.tar.gz"))
+    assert len(bundles) == 1, bundles
+    extracted = tmp_path / "extracted"
+    with tarfile.open(bundles[0]) as tar:
+        tar.extractall(extracted)  # noqa: S202  # the bundle this run wrote
+    (root,) = list(extracted.iterdir())
+    for file in (p for p in root.rglob("*") if p.is_file()):
+        text = file.read_text(errors="replace")
+        for what, value in secrets.items():
+            assert value not in text, "%s holds the lab's %s" % (file.relative_to(extracted), what)
+    for what, value in secrets.items():
+        assert value not in run.output, "doctor.yml printed the lab's %s" % what
+    return json.loads((root / "diagnosis.json").read_text()), root, run
+
+
+def test_a_healthy_cluster_has_no_finding(served, tmp_path):
+    # A log line carrying both secrets, as a crashing process that echoes its environment would leave.
+    labctl("exec", "spark1", "--", "sh", "-c",
+           "printf 'planted VLLM_API_KEY %s RAY_TOKEN %s\\n' \"$0\" \"$1\" >> /var/log/multinode-vllm/vllm.log",
+           served["api key"], served["ray token"])
+    diagnosis, root, run = doctor(tmp_path, served)
+    lines = diagnosis["lines"]
+    record_timing("doctor_2_nodes", run.seconds)
+    assert lines == ["no problem found in what was collected"], lines
+    # Issue 23's 30 s is a benchmark target (recorded here, reported in docs/benchmarks.md); the test fails only on a
+    # run that waited out timeouts (3x the target), which a noisy 2-core machine does not explain.
+    assert run.seconds <= 90, "doctor took %.1f s on 2 nodes (target 30 s)" % run.seconds
+    assert "<redacted>" in (root / "logs" / "spark1" / "vllm.log").read_text()
+    head = json.loads((root / "nodes" / "spark1.json").read_text())
+    assert head["ray_node"]["running"] and head["ray_table"]["nodes"], head.get("errors")
+    assert head["stack"]["ray"] and head["firewall"]["ruleset"] and head["env_file"]["NCCL_SOCKET_IFNAME"]
+    assert head["errors"] == {}, head["errors"]
+
+
+FAULTS = [
+    # (labctl fault arguments, the rule, host and words of doctor's first finding)
+    (("mtu", "spark2", "1500"), "fabric_mtu_mismatch", None, "spark2 is not at the MTU of the others (9000)"),
+    (("drop-port", "spark1", "6379"), "firewall_port_dropped", "spark1",
+     "spark1: nft table inet lab_fault drops TCP port 6379 (ray_gcs_port) to 198.18.200.12 -> "),
+    (("link-down", "spark2"), "fabric_link_down", "spark2", "spark2: fabric interface %s (198.18.200.13) is " % FABRIC_IF),
+    # The process lab's reboot kills every process of the node (Ray and its share of vLLM) and starts sshd only.
+    (("reboot", "spark2"), "raylet_stopped", "spark2", "spark2: no raylet runs on this node -> "),
+]
+
+
+@pytest.mark.parametrize("fault, rule, host, words", FAULTS, ids=[f[0][0] for f in FAULTS])
+def test_the_first_line_names_the_fault(served, restore, tmp_path, fault, rule, host, words):
+    labctl("fault", *fault)
+    diagnosis, _root, _run = doctor(tmp_path, served)
+    top = diagnosis["findings"][0]
+    assert (top["rule"], top["host"] if host else None) == (rule, host), diagnosis["lines"]
+    assert words in diagnosis["lines"][0], diagnosis["lines"]
+
+
+def test_a_node_ssh_cannot_reach_is_reported_and_the_other_still_read(served, tmp_path):
+    inventory = tmp_path / "inventory"
+    shutil.copytree(LAB_INVENTORY, inventory)
+    spark2 = inventory / "host_vars" / "spark2.yml"
+    data = yaml.safe_load(spark2.read_text())
+    data["ansible_port"] = 1  # nothing listens there: SSH is refused at once
+    spark2.write_text(yaml.safe_dump(data))
+    diagnosis, root, _run = doctor(tmp_path, served, inventory=inventory)
+    assert diagnosis["lines"][0].startswith("spark2: SSH to the node failed ("), diagnosis["lines"]
+    assert json.loads((root / "nodes" / "spark2.json").read_text())["ssh_unreachable"] is True
+    head = json.loads((root / "nodes" / "spark1.json").read_text())
+    assert head["ray_node"]["running"] and head["system"]["kernel"], head.get("errors")
