@@ -71,7 +71,8 @@ from ansible_collections.multinode.vllm.plugins.module_utils._fabric import (
     select_fabric,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._firewall import TABLE as FIREWALL_TABLE
-from ansible_collections.multinode.vllm.plugins.module_utils._memory import GIB, human
+from ansible_collections.multinode.vllm.plugins.module_utils._manifest import human_bytes
+from ansible_collections.multinode.vllm.plugins.module_utils._memory import GIB
 from ansible_collections.multinode.vllm.plugins.module_utils._nccl_log import parse_nccl_log, transport_problems
 from ansible_collections.multinode.vllm.plugins.module_utils._problems import Problem, lines, ordered
 from ansible_collections.multinode.vllm.plugins.module_utils._ray_state import evaluate_problems
@@ -364,7 +365,7 @@ def rule_disk_full(ctx: Context) -> list[Problem]:
             continue
         problems.append(Problem(
             "model_disk_full", "the model directory %s has %s free%s" % (
-                disk.get("path") or "?", human(free), " of %s" % human(total) if isinstance(total, int) else ""),
+                disk.get("path") or "?", human_bytes(free), " of %s" % human_bytes(total) if isinstance(total, int) else ""),
             "the disk holding multinode_model_dir is full: staging the model, vLLM's caches and logs fail with "
             "'No space left on device'",
             "free space there (old models, caches) or move multinode_model_dir to a larger disk; then stage the "

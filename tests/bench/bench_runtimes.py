@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path

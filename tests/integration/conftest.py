@@ -34,6 +34,16 @@ class PlaybookRun:
     output: str
     seconds: float
 
+    @property
+    def why(self) -> str:
+        """An assertion message that survives truncation: the failed tasks and the recap first, then the tail."""
+        lines = self.output.splitlines()
+        failed = [line for i, line in enumerate(lines)
+                  if line.startswith(("fatal:", "failed:", "ERROR!", "[ERROR]")) or "FAILED!" in line
+                  or (i + 1 < len(lines) and lines[i + 1].startswith(("fatal:", "failed:")) and line.startswith("TASK"))]
+        return "rc=%d after %.0f s\n%s\n--- tail ---\n%s" % (
+            self.rc, self.seconds, "\n".join(line[:2000] for line in failed[:20]), "\n".join(lines[-60:]))
+
 
 def require_root() -> None:
     if os.geteuid() != 0:

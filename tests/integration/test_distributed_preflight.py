@@ -53,7 +53,7 @@ def render(overrides=None, non_carry_over=None):
     if non_carry_over is not None:
         values["dp_test_non_carry_over"] = non_carry_over
     run = run_playbook(RENDER, *_extra(**values))
-    assert run.rc == 0, run.output
+    assert run.rc == 0, run.why
 
 
 def preflight(*args: str, **values):
@@ -97,7 +97,7 @@ def no_leftovers():
 def test_correct_cluster_passes_within_30s_and_reports_bandwidth(lab, no_leftovers):
     render()
     run = preflight()
-    assert run.rc == 0, run.output
+    assert run.rc == 0, run.why
     assert "distributed preflight passed: 2 ranks joined tcp://198.18.200.12:%d" % PORT in run.output
     assert re.search(r"all-reduce of 64\.0 MiB float32 over 2 ranks: [0-9.]+ ms per op, algbw [0-9.]+ GB/s, "
                      r"busbw [0-9.]+ GB/s", run.output), run.output
@@ -112,7 +112,7 @@ def test_correct_cluster_passes_within_30s_and_reports_bandwidth(lab, no_leftove
 
 def test_runs_in_check_mode(lab, no_leftovers):
     run = preflight("--check", distributed_preflight_size_mib=1, fabric_probe_enabled=False)
-    assert run.rc == 0, run.output
+    assert run.rc == 0, run.why
     assert "distributed preflight passed" in run.output
 
 

@@ -25,7 +25,7 @@ def clean_faults(lab2):
 
 def test_preflight_passes_and_reports_the_matrix(clean_faults):
     run = run_playbook(PREFLIGHT)
-    assert run.rc == 0, run.output
+    assert run.rc == 0, run.why
     assert "2 fabric pairs reachable" in run.output
     assert re.search(r"spark1 spark2 True [0-9.]+", run.output)
     assert re.search(r"spark2 spark1 True [0-9.]+", run.output)
@@ -42,7 +42,7 @@ def test_preflight_passes_and_reports_the_matrix(clean_faults):
 def test_fewer_forks_than_hosts_probes_in_two_steps(clean_faults):
     """With forks < hosts the one-run listen_probe could wait on a peer that has not started: two steps instead."""
     run = run_playbook(PREFLIGHT, "-f", "1")
-    assert run.rc == 0, run.output
+    assert run.rc == 0, run.why
     assert "2 fabric pairs reachable" in run.output
     listen = run.output.split("Start every listener first")[1].split("TASK [")[0]
     assert "ok: [spark1]" in listen and "ok: [spark2]" in listen
@@ -60,7 +60,7 @@ def test_a_failed_probe_stops_every_listener(clean_faults):
 
 def test_preflight_runs_in_check_mode(clean_faults):
     run = run_playbook(PREFLIGHT, "--check")
-    assert run.rc == 0, run.output
+    assert run.rc == 0, run.why
     assert "2 fabric pairs reachable" in run.output
 
 
@@ -143,7 +143,7 @@ def test_sixteen_nodes_probe_all_pairs():
         out = labctl("up", "16")
         inventory = labctl("inventory").strip().splitlines()[-1]
         run = run_playbook(PREFLIGHT, inventory=inventory)
-        assert run.rc == 0, run.output
+        assert run.rc == 0, run.why
         assert "240 fabric pairs reachable" in run.output, out
     finally:
         labctl("up", "2")

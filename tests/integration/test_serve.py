@@ -125,7 +125,7 @@ def _env_file(node: str) -> dict[str, str]:
 
 
 def _completion_ok(run) -> None:
-    assert run.rc == 0, run.output[-4000:]
+    assert run.rc == 0, run.why
     assert "completion:" in run.output and "tokens/s" in run.output
 
 

@@ -58,7 +58,7 @@ def lab():
         assert clean.rc == 0, clean.output[-3000:]  # on nodes with no unit of the collection: nothing to stop
         yield
         result = run_playbook("playbooks/teardown.yml", *SYSTEMD)
-        assert result.rc == 0, result.output[-3000:]
+        assert result.rc == 0, result.why
         # Teardown leaves no unit (file, enabled or active) and no Ray or vLLM process on any node.
         for node in ("spark1", "spark2"):
             left = {name: u for name, u in units(node).items()
@@ -85,7 +85,7 @@ def test_the_nodes_are_booted_by_systemd_and_reached_over_ssh(lab):
 
 def test_deploy_runs_ray_and_vllm_as_units_and_serves_a_completion(lab):
     run = run_playbook("playbooks/deploy.yml", *SYSTEMD, timeout=900)
-    assert run.rc == 0, run.output[-5000:]
+    assert run.rc == 0, run.why
     assert "completion:" in run.output and "tokens/s" in run.output
     # Readiness read vLLM's journal for its progress lines (not a log file, which a unit does not write).
     assert "cannot read" not in run.output, run.output[-5000:]
@@ -104,19 +104,19 @@ def test_deploy_runs_ray_and_vllm_as_units_and_serves_a_completion(lab):
 def test_a_second_deploy_changes_and_restarts_nothing(lab):
     before = {node: running(node) for node in FABRIC}
     run = run_playbook("playbooks/deploy.yml", *SYSTEMD, timeout=900)
-    assert run.rc == 0, run.output[-5000:]
+    assert run.rc == 0, run.why
     assert all(counts["changed"] == 0 for counts in recap(run.output).values()), recap(run.output)
     assert {node: running(node) for node in FABRIC} == before
 
 
 def test_verify_passes_on_the_systemd_cluster(lab):
     run = run_playbook("playbooks/verify.yml", *SYSTEMD)
-    assert run.rc == 0, run.output[-5000:]
+    assert run.rc == 0, run.why
 
 
 def test_switching_backends_leaves_nothing_of_the_other_running(lab):
     native = run_playbook("playbooks/deploy.yml", *SYSTEMD, "-e", "vllm_backend=native", timeout=900)
-    assert native.rc == 0, native.output[-5000:]
+    assert native.rc == 0, native.why
     assert "completion:" in native.output
     # Backend native runs no Ray: the Ray units (Restart=always, enabled for boot) are stopped and removed from both
     # nodes, and with them every Ray process; vllm serve runs as a unit on each node.
@@ -127,7 +127,7 @@ def test_switching_backends_leaves_nothing_of_the_other_running(lab):
         assert wait_for(lambda node=node: ray_pids(node) == {}, 30), (node, ray_pids(node))
         assert serve_pids(node), node
     back = run_playbook("playbooks/deploy.yml", *SYSTEMD, timeout=900)
-    assert back.rc == 0, back.output[-5000:]
+    assert back.rc == 0, back.why
     assert "completion:" in back.output
     # Backend ray serves from the head only: spark2's native rank and its unit are gone.
     head, worker = units("spark1"), units("spark2")
@@ -153,7 +153,7 @@ def _reboot_and_come_back(node: str) -> float:
     # Every node back on its fabric address, and the cluster passes verify with nobody touching it.
     assert raylet_node_ip("spark1") == FABRIC["spark1"] and raylet_node_ip("spark2") == FABRIC["spark2"]
     verify = run_playbook("playbooks/verify.yml", *SYSTEMD)
-    assert verify.rc == 0, verify.output[-5000:]
+    assert verify.rc == 0, verify.why
     return seconds
 
 
@@ -180,7 +180,7 @@ def _hand_unit(node: str, name: str, *args: str) -> None:
 
 def test_the_incident_in_hand_written_units_is_caught_by_verify_and_repaired_by_deploy(lab):
     torn = run_playbook("playbooks/teardown.yml", *SYSTEMD)
-    assert torn.rc == 0, torn.output[-3000:]
+    assert torn.rc == 0, torn.why
     # The incident: the head's unit without --node-ip-address (Ray takes the default route's, management, address).
     _hand_unit("spark1", "ray-head.service", "--head", "--port", "6379", "--num-gpus", "1")
     _hand_unit("spark2", "ray-worker.service", "--address", FABRIC["spark1"] + ":6379",
@@ -190,7 +190,7 @@ def test_the_incident_in_hand_written_units_is_caught_by_verify_and_repaired_by_
     # enabled it would come back at the next boot), and starts the managed Ray on the fabric address.
     repair = run_playbook("playbooks/deploy.yml", *SYSTEMD, "-e", '{"serve_enabled": false, "ray_stop_foreign": true}',
                           timeout=900)
-    assert repair.rc == 0, repair.output[-5000:]
+    assert repair.rc == 0, repair.why
     assert "run by the systemd unit ray-head.service" in repair.output, repair.output[-5000:]
     for node, unit in (("spark1", "ray-head.service"), ("spark2", "ray-worker.service")):
         state = node_run(node, "systemctl", "show", "-p", "ActiveState,UnitFileState", unit).stdout

@@ -356,7 +356,7 @@ def test_a_full_model_disk_is_named_before_the_vllm_crash_it_caused():
     data["nodes"]["spark2"]["logs"]["vllm"] = ["OSError: [Errno 28] No space left on device: '/models/m/x'"]
     findings = diagnose(data)
     assert (findings[0].rule, findings[0].host) == ("model_disk_full", "spark2")
-    assert findings[0].symptom == "the model directory /models has 0.0 GiB free of 20.0 GiB"
+    assert findings[0].symptom == "the model directory /models has 0 B free of 20.0 GiB"
     assert findings[1].rule == "vllm_disk_full"
 
 
