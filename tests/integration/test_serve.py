@@ -3,7 +3,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Serving over the lab, beyond the molecule scenarios (which prove deploy, idempotence and a completion for each
 backend): a serve that crashes at start fails the deploy at once with every node's logs, switching backends
-leaves nothing of the other one running, and the bind audit judges vLLM's own processes under both."""
+leaves nothing of the other one running, the bind audit judges vLLM's own processes under both, and bench.yml
+(vLLM's own serving benchmark) measures each backend into one results directory, side by side."""
 from __future__ import annotations
 
 import json
@@ -129,9 +130,33 @@ def _completion_ok(run) -> None:
     assert "completion:" in run.output and "tokens/s" in run.output
 
 
-def test_switching_backends_leaves_nothing_of_the_other_running(lab):
+BENCH = ("-e", '{"bench_concurrencies": [1, 2], "bench_shapes": [{"input_len": 32, "output_len": 16}], '
+         '"bench_prompts_per_concurrency": 2, "bench_min_prompts": 4, "bench_tcp_mib": 64}')
+
+
+def _bench(label: str, results: Path) -> str:
+    """bench.yml into ``results`` under ``label``: two cases, each with every prompt completed and its figures."""
+    run = run_playbook("playbooks/bench.yml", *BENCH, "-e", "bench_label=%s" % label, "-e",
+                       "bench_results_dir=%s" % results)
+    assert run.rc == 0, run.why
+    api_key = (Path.home() / ".config" / "multinode-vllm" / "spark1-vllm-api-key").read_text().strip()
+    assert api_key not in run.output
+    rows = [r for r in json.loads((results / "results.json").read_text())["rows"] if r["label"] == label]
+    assert [(r["concurrency"], r["num_prompts"], r["completed"], r["failed"]) for r in rows] == [(1, 4, 4, 0),
+                                                                                                  (2, 4, 4, 0)], rows
+    assert all(r["output_tokens_per_s"] > 0 and r["p99_ttft_ms"] > 0 and r["p50_itl_ms"] > 0 for r in rows), rows
+    raw = json.loads((results / "raw" / ("%s-c2-i32-o16.json" % label)).read_text())
+    assert raw["completed"] == 4 and raw["total_output_tokens"] == 4 * 16 and "generated_texts" not in raw
+    table = (results / "results.md").read_text()
+    assert "- raw TCP 198.18.200.12 -> 198.18.200.13 over the fabric: " in table, table
+    assert "- the last distributed preflight: all-reduce of " in table, table
+    return table
+
+
+def test_switching_backends_leaves_nothing_of_the_other_running(lab, tmp_path):
     ray = run_playbook("playbooks/deploy.yml")
     _completion_ok(ray)
+    _bench("ray", tmp_path / "bench")
     assert ray_pids("spark1").get("raylet") and ray_pids("spark2").get("raylet")
     assert serve_pids("spark1") and not serve_pids("spark2")
     _audit_sees_vllm("spark1", "198.18.200.12", "VLLM::EngineCor")
@@ -140,6 +165,9 @@ def test_switching_backends_leaves_nothing_of_the_other_running(lab):
 
     native = run_playbook("playbooks/deploy.yml", "-e", "vllm_backend=native")
     _completion_ok(native)
+    # The same cases against the native backend, into the same directory: the table puts both side by side.
+    table = _bench("native", tmp_path / "bench")
+    assert "| concurrency | input/output | ray tok/s | native tok/s |" in table, table
     # Backend native runs no Ray: the Ray programs the ray deploy left are gone from both nodes.
     deadline = time.monotonic() + 30
     while (ray_pids("spark1") or ray_pids("spark2")) and time.monotonic() < deadline:
