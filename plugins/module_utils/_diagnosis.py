@@ -327,21 +327,36 @@ def _serve_hosts(ctx: Context) -> list[str]:
     return [ctx.head] if ctx.head in ctx.reachable() else []
 
 
+# vLLM's first line of every start of `vllm serve` (vllm/entrypoints/serve/utils/api_utils.py, 0.32.0).
+_SERVE_START = re.compile(r"vLLM server version \S+, serving model")
+
+
+def _starts(tail: Sequence[str]) -> int:
+    return sum(1 for line in tail if _SERVE_START.search(line))
+
+
 def rule_vllm_crashed(ctx: Context) -> list[Problem]:
-    """vllm serve should run (``cluster.serve``) but does not: the cause from every node's vLLM log tail by the
-    readiness failure table (``_serve_failure.likely_cause``, rule ``vllm_<cause>``), else ``vllm_crashed``."""
+    """vllm serve should run (``cluster.serve``) but does not, or it runs again after failing (a crash loop: its
+    supervisor restarts it, so a process is there at most moments; its log, which a deploy starts afresh, holds
+    several starts and a failure): the cause from every node's vLLM log tail by the readiness failure table
+    (``_serve_failure.likely_cause``, rule ``vllm_<cause>``), else ``vllm_crashed``."""
     if not ctx.cluster.get("serve"):
         return []
-    down = [h for h in _serve_hosts(ctx)
-            if ctx.node(h).get("ray_node") is not None and not (ctx.node(h).get("ray_node") or {}).get("serve_pid")]
-    if not down:
-        return []
+    hosts = [h for h in _serve_hosts(ctx) if ctx.node(h).get("ray_node") is not None]
+    down = [h for h in hosts if not (ctx.node(h).get("ray_node") or {}).get("serve_pid")]
     tails = {h: list((ctx.node(h).get("logs") or {}).get("vllm") or []) for h in ctx.reachable()}
     tails = {h: t for h, t in tails.items() if t}
+    looping = [h for h in hosts if h not in down and _starts(tails.get(h) or []) >= 2
+               and likely_cause({h: tails[h]}, {h: first_exception(tails[h])}) is not None]
+    if not down and not looping:
+        return []
     cause = likely_cause(tails, {h: first_exception(t) for h, t in tails.items()})
     where = " and ".join(down)
+    symptom = "vllm serve is not running on %s" % where if down else \
+        "vllm serve restarted after failing on %s (%s)" % (
+            " and ".join(looping), ", ".join("%d starts in %s's log tail" % (_starts(tails[h]), h) for h in looping))
     if cause is not None:
-        return [cause_problem(cause, "vllm serve is not running on %s" % where)]
+        return [cause_problem(cause, symptom)]
     last = "; ".join("%s: %s" % (h, meaningful_line(t)) for h, t in sorted(tails.items()) if meaningful_line(t))
     return [Problem("vllm_crashed", "vllm serve is not running%s" % (" (last log lines: %s)" % last if last else ""),
                     "it exited or was killed, and its log names no known cause",

@@ -340,6 +340,31 @@ def test_a_crashed_vllm_is_named_by_its_log():
     assert top.symptom.startswith("vllm serve is not running on spark1; its log says: ")
 
 
+START = "INFO 12-06 04:00:01 [api_utils.py:327] vLLM server version 0.32.0+cpu, serving model /models/tiny"
+EADDRINUSE = "OSError: [Errno 98] Address already in use"
+
+
+def test_a_crash_looping_vllm_is_named_while_its_restart_runs():
+    # supervisord restarted it (startsecs passed before it failed): a process is there, its log holds the loop.
+    data = healthy()
+    data["nodes"]["spark1"]["logs"]["vllm"] = [START, "Traceback (most recent call last):", EADDRINUSE, START]
+    top = first(data)
+    assert (top.rule, top.host) == ("vllm_address_in_use", "spark1")
+    assert top.symptom.startswith("vllm serve restarted after failing on spark1 (2 starts in spark1's log tail); "
+                                  "its log says: ")
+
+
+@pytest.mark.parametrize("tail", [
+    [START, "INFO: Application startup complete."],           # one start, healthy
+    [START, "INFO: Application startup complete.", START],    # restarted on purpose, no failure logged
+    [START, EADDRINUSE],                                      # one start that failed and still runs: not a loop
+])
+def test_a_running_vllm_is_not_a_crash_loop_without_two_starts_and_a_failure(tail):
+    data = healthy()
+    data["nodes"]["spark1"]["logs"]["vllm"] = tail
+    assert not [p for p in diagnose(data) if p.rule.startswith("vllm_")]
+
+
 def test_a_killed_vllm_without_a_cause_in_its_log():
     data = healthy()
     data["nodes"]["spark1"]["ray_node"]["serve_pid"] = None
