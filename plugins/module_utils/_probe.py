@@ -311,7 +311,12 @@ def _tcp_check(local_ip: str, peer_ip: str, port: int, timeout: float, listener_
         result["rtt_ms"] = round(statistics.median(rtts), 3)
         result["ok"] = True
     except socket.timeout:
-        result["error"] = "timed out after %s" % _fmt_seconds(timeout)
+        # No SYN-ACK: something drops the port (a firewall on either node, such as one a deploy with fewer nodes
+        # left, which allows only its own members) or the path. Connected but no PONG: the listener stalled.
+        result["error"] = "timed out after %s %s" % (_fmt_seconds(timeout), (
+            "waiting for the probe listener's answer on port %d (the peer is overloaded or stalled)" % port
+            if sock is not None else
+            "connecting to port %d (no answer: a firewall on either node drops it, or the path does)" % port))
     except ConnectionRefusedError:
         result["error"] = "connection refused on port %d (no probe listener there, or a firewall rejects it)" % port
         if listener_wait:

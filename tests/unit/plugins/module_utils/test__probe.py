@@ -700,3 +700,15 @@ def test_garbage_never_reaches_the_thread_excepthook(listener, monkeypatch):
             assert _closed_within(conn, 2.0)
     assert _probe(port)["tcp"]["ok"] is True
     assert thread.is_alive() and raised == []
+
+
+def test_a_listener_that_accepts_but_never_answers_is_told_apart_from_a_dropped_port():
+    # The kernel completes the handshake from the listen backlog; nothing ever answers the PING.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        port = srv.getsockname()[1]
+        result = probe_module._tcp_check("127.0.0.1", "127.0.0.1", port, 0.3)
+    assert result["ok"] is False
+    assert result["error"] == ("timed out after 0.3 s waiting for the probe listener's answer on port %d (the peer "
+                               "is overloaded or stalled)" % port)
