@@ -24,6 +24,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve_failure impo
     failure_message,
     fatal_line,
     likely_cause,
+    this_start,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._serve_ready import (
     completion_result,
@@ -118,8 +119,10 @@ class ActionModule(ActionBase):
                            "the serve process on %s exited and was restarted (pid %s, now %s)"
                            % (host, first_pid, pid))
                     return self._fail(result, host, why, stage, node, elapsed)
+                # Only the latest start of each log: a supervisor's restart appends to the same file, and a start
+                # that failed earlier (the port was taken then) says nothing of this one.
                 fatal = "" if stage == "ready" else fatal_line(
-                    [line for lines in (node.get("tails") or {}).values() for line in lines])
+                    [line for lines in (node.get("tails") or {}).values() for line in this_start(lines)])
                 if fatal:
                     return self._fail(result, host, "vllm serve on %s failed while starting: %s" % (host, fatal),
                                       stage, node, elapsed)

@@ -82,6 +82,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve_failure impo
     first_exception,
     likely_cause,
     meaningful_line,
+    serve_starts,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._stack import StackError, stack_problems
 
@@ -327,14 +328,6 @@ def _serve_hosts(ctx: Context) -> list[str]:
     return [ctx.head] if ctx.head in ctx.reachable() else []
 
 
-# vLLM's first line of every start of `vllm serve` (vllm/entrypoints/serve/utils/api_utils.py, 0.32.0).
-_SERVE_START = re.compile(r"vLLM server version \S+, serving model")
-
-
-def _starts(tail: Sequence[str]) -> int:
-    return sum(1 for line in tail if _SERVE_START.search(line))
-
-
 def rule_vllm_crashed(ctx: Context) -> list[Problem]:
     """vllm serve should run (``cluster.serve``) but does not, or it runs again after failing (a crash loop: its
     supervisor restarts it, so a process is there at most moments; its log, which a deploy starts afresh, holds
@@ -346,7 +339,7 @@ def rule_vllm_crashed(ctx: Context) -> list[Problem]:
     down = [h for h in hosts if not (ctx.node(h).get("ray_node") or {}).get("serve_pid")]
     tails = {h: list((ctx.node(h).get("logs") or {}).get("vllm") or []) for h in ctx.reachable()}
     tails = {h: t for h, t in tails.items() if t}
-    looping = [h for h in hosts if h not in down and _starts(tails.get(h) or []) >= 2
+    looping = [h for h in hosts if h not in down and serve_starts(tails.get(h) or []) >= 2
                and likely_cause({h: tails[h]}, {h: first_exception(tails[h])}) is not None]
     if not down and not looping:
         return []
@@ -354,7 +347,7 @@ def rule_vllm_crashed(ctx: Context) -> list[Problem]:
     where = " and ".join(down)
     symptom = "vllm serve is not running on %s" % where if down else \
         "vllm serve restarted after failing on %s (%s)" % (
-            " and ".join(looping), ", ".join("%d starts in %s's log tail" % (_starts(tails[h]), h) for h in looping))
+            " and ".join(looping), ", ".join("%d starts in %s's log tail" % (serve_starts(tails[h]), h) for h in looping))
     if cause is not None:
         return [cause_problem(cause, symptom)]
     last = "; ".join("%s: %s" % (h, meaningful_line(t)) for h, t in sorted(tails.items()) if meaningful_line(t))

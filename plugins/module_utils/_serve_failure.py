@@ -144,6 +144,23 @@ _FATAL = re.compile(
 )
 
 
+# The banner every start of `vllm serve` logs first (vllm/entrypoints/serve/utils/api_utils.py, 0.32.0): the logo
+# line "... █  version 0.32.0", or "vLLM server version X, serving model Y".
+_SERVE_START = re.compile(r"vLLM server version \S+, serving model|\[api_utils\.py:\d+\].*█\s+version \d")
+
+
+def serve_starts(lines: Sequence[str]) -> int:
+    """How many starts of vllm serve a log tail holds (a supervisor's restarts append to one file)."""
+    return sum(1 for line in lines if _SERVE_START.search(line))
+
+
+def this_start(lines: Sequence[str]) -> list[str]:
+    """The lines of the latest start (from its banner on); the whole tail when it holds no banner (a Ray log, or a
+    tail that begins after it). An earlier start's failure is then not read as this start's."""
+    last = max((i for i, line in enumerate(lines) if _SERVE_START.search(line)), default=0)
+    return list(lines[last:])
+
+
 def fatal_line(lines: Sequence[str]) -> str:
     """The first line of a log tail saying that this start has failed for good; '' if none."""
     for line in lines:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import API_KEY, LAB_INVENTORY, labctl, record_timing, require_root, run_playbook
+from conftest import API_KEY, LAB_INVENTORY, labctl, record_timing, require_root, run_playbook, wait_for
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
 RAY = str(VENV / "bin" / "ray")
@@ -190,10 +190,13 @@ def test_a_crash_looping_vllm(served, restore, tmp_path):
     # imports, later than supervisord's startsecs, so supervisord restarts it again and again (a process is there at
     # most moments, the API never answers): the crash loop a user finds in the morning.
     node("spark1", *SUPERVISORCTL, "stop", "vllm")
-    holder = ("import socket, time; s = socket.socket(); s.bind(('%s', 8000)); s.listen(); "
-              "time.sleep(600)  # doctor-test port holder" % HEAD_MGMT)
+    # SO_REUSEADDR: the completions of the deploy left connections of port 8000 in TIME_WAIT.
+    holder = ("import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              "s.bind(('%s', 8000)); s.listen(); time.sleep(600)  # doctor-test port holder" % HEAD_MGMT)
     node("spark1", "sh", "-c", "setsid python3 -c \"$0\" </dev/null >/dev/null 2>&1 &", holder)
     try:
+        assert wait_for(lambda: "python3" in labctl("exec", "spark1", "--", "ss", "-ltnp", "sport = :8000"), 10), \
+            "the port holder did not start"
         labctl("exec", "spark1", "--", *SUPERVISORCTL, "start", "vllm", check=False)
         deadline = time.monotonic() + 180
         while "Address already in use" not in labctl("exec", "spark1", "--", "cat", SERVE_LOG, check=False):

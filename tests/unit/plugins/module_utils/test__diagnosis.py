@@ -340,8 +340,16 @@ def test_a_crashed_vllm_is_named_by_its_log():
     assert top.symptom.startswith("vllm serve is not running on spark1; its log says: ")
 
 
-START = "INFO 12-06 04:00:01 [api_utils.py:327] vLLM server version 0.32.0+cpu, serving model /models/tiny"
+# Recorded on the lab (vllm 0.32.0+cpu, /var/log/multinode-vllm/vllm.log): the logo line of the start banner.
+START = "(APIServer pid=26550) INFO 12-06 04:21:51 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0"
 EADDRINUSE = "OSError: [Errno 98] Address already in use"
+
+
+def test_the_plain_start_banner_counts_too():
+    data = healthy()
+    plain = "INFO 12-06 04:00:01 [api_utils.py:327] vLLM server version 0.32.0, serving model /models/tiny"
+    data["nodes"]["spark1"]["logs"]["vllm"] = [plain, EADDRINUSE, plain]
+    assert first(data).rule == "vllm_address_in_use"
 
 
 def test_a_crash_looping_vllm_is_named_while_its_restart_runs():

@@ -17,6 +17,8 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve_failure impo
     first_exception,
     likely_cause,
     meaningful_line,
+    serve_starts,
+    this_start,
 )
 
 
@@ -159,3 +161,21 @@ def test_failure_message_lists_reason_cause_and_every_tail():
 )
 def test_fatal_line(lines, expected):
     assert fatal_line(lines) == expected
+
+
+# The logo line of vllm serve's start banner, recorded on the lab (vllm 0.32.0+cpu, /var/log/multinode-vllm/vllm.log).
+BANNER = "(APIServer pid=26550) INFO 12-06 04:21:51 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0"
+
+
+def test_an_earlier_failed_start_in_the_same_log_is_not_this_starts():
+    # supervisord appends every restart to one file: the port was taken at the first start, not at this one.
+    log = [BANNER, "OSError: [Errno 98] Address already in use", BANNER, "INFO: Waiting for application startup."]
+    assert serve_starts(log) == 2
+    assert this_start(log) == log[2:]
+    assert fatal_line(this_start(log)) == ""
+    assert fatal_line(log) == "OSError: [Errno 98] Address already in use"
+
+
+def test_a_tail_without_a_banner_is_read_whole():
+    ray = ["2026-12-06 04:27:37,437 INFO scripts.py:1092 -- To add another node", "Address already in use"]
+    assert this_start(ray) == ray and serve_starts(ray) == 0
