@@ -79,6 +79,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._ray_state import e
 from ansible_collections.multinode.vllm.plugins.module_utils._secrets import redact_data
 from ansible_collections.multinode.vllm.plugins.module_utils._serve_failure import (
     cause_problem,
+    fatal_line,
     first_exception,
     likely_cause,
     meaningful_line,
@@ -329,25 +330,25 @@ def _serve_hosts(ctx: Context) -> list[str]:
 
 
 def rule_vllm_crashed(ctx: Context) -> list[Problem]:
-    """vllm serve should run (``cluster.serve``) but does not, or it runs again after failing (a crash loop: its
-    supervisor restarts it, so a process is there at most moments; its log, which a deploy starts afresh, holds
-    several starts and a failure): the cause from every node's vLLM log tail by the readiness failure table
-    (``_serve_failure.likely_cause``, rule ``vllm_<cause>``), else ``vllm_crashed``."""
+    """vllm serve should run (``cluster.serve``) but does not, or it runs while its log, which a deploy starts
+    afresh, says a start failed (a crash loop: its supervisor restarts it, so a process is there at most moments):
+    the cause from every node's vLLM log tail by the readiness failure table (``_serve_failure.likely_cause``, rule
+    ``vllm_<cause>``), else ``vllm_crashed``."""
     if not ctx.cluster.get("serve"):
         return []
     hosts = [h for h in _serve_hosts(ctx) if ctx.node(h).get("ray_node") is not None]
     down = [h for h in hosts if not (ctx.node(h).get("ray_node") or {}).get("serve_pid")]
     tails = {h: list((ctx.node(h).get("logs") or {}).get("vllm") or []) for h in ctx.reachable()}
     tails = {h: t for h, t in tails.items() if t}
-    looping = [h for h in hosts if h not in down and serve_starts(tails.get(h) or []) >= 2
-               and likely_cause({h: tails[h]}, {h: first_exception(tails[h])}) is not None]
+    looping = [h for h in hosts if h not in down and fatal_line(tails.get(h) or [])]
     if not down and not looping:
         return []
     cause = likely_cause(tails, {h: first_exception(t) for h, t in tails.items()})
     where = " and ".join(down)
     symptom = "vllm serve is not running on %s" % where if down else \
-        "vllm serve restarted after failing on %s (%s)" % (
-            " and ".join(looping), ", ".join("%d starts in %s's log tail" % (serve_starts(tails[h]), h) for h in looping))
+        "vllm serve failed on %s and runs again (its supervisor restarts it; %s)" % (
+            " and ".join(looping), ", ".join("%d start(s) in %s's log tail" % (serve_starts(tails[h]), h)
+                                             for h in looping))
     if cause is not None:
         return [cause_problem(cause, symptom)]
     last = "; ".join("%s: %s" % (h, meaningful_line(t)) for h, t in sorted(tails.items()) if meaningful_line(t))

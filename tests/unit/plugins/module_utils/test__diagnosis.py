@@ -358,16 +358,22 @@ def test_a_crash_looping_vllm_is_named_while_its_restart_runs():
     data["nodes"]["spark1"]["logs"]["vllm"] = [START, "Traceback (most recent call last):", EADDRINUSE, START]
     top = first(data)
     assert (top.rule, top.host) == ("vllm_address_in_use", "spark1")
-    assert top.symptom.startswith("vllm serve restarted after failing on spark1 (2 starts in spark1's log tail); "
-                                  "its log says: ")
+    assert top.symptom.startswith("vllm serve failed on spark1 and runs again (its supervisor restarts it; 2 "
+                                  "start(s) in spark1's log tail); its log says: ")
+
+
+def test_a_tail_holding_only_the_failed_start_is_named_too():
+    # vLLM's failing start logs more than the tail keeps: one banner, the failure, the process not yet gone.
+    data = healthy()
+    data["nodes"]["spark1"]["logs"]["vllm"] = [START, "Traceback (most recent call last):", EADDRINUSE]
+    assert first(data).rule == "vllm_address_in_use"
 
 
 @pytest.mark.parametrize("tail", [
     [START, "INFO: Application startup complete."],           # one start, healthy
     [START, "INFO: Application startup complete.", START],    # restarted on purpose, no failure logged
-    [START, EADDRINUSE],                                      # one start that failed and still runs: not a loop
 ])
-def test_a_running_vllm_is_not_a_crash_loop_without_two_starts_and_a_failure(tail):
+def test_a_running_vllm_whose_log_holds_no_failure_is_no_finding(tail):
     data = healthy()
     data["nodes"]["spark1"]["logs"]["vllm"] = tail
     assert not [p for p in diagnose(data) if p.rule.startswith("vllm_")]
