@@ -99,7 +99,7 @@ def bench_argv(command: Sequence[str], base_url: str, model: str, tokenizer: str
             "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
             "--random-input-len", str(case["input_len"]), "--random-output-len", str(case["output_len"]),
             "--num-prompts", str(case["num_prompts"]), "--max-concurrency", str(case["concurrency"]),
-            "--ignore-eos", "--percentile-metrics", ",".join(m for m, _ in METRICS),
+            "--ignore-eos", "--percentile-metrics", ",".join(metric for metric, _name in METRICS),
             "--metric-percentiles", ",".join(PERCENTILES), "--seed", str(seed), "--disable-tqdm",
             "--save-result", "--result-dir", result_dir, "--result-filename", result_filename, *extra]
 
@@ -154,7 +154,7 @@ def markdown(rows: Sequence[Mapping[str, Any]], extras: Mapping[str, Any] = ()) 
         lines.append("| " + " | ".join([
             str(r["label"]), str(r["concurrency"]), "%d/%d" % (r["input_len"], r["output_len"]),
             "%d (%d/%d)" % (r["num_prompts"], r["completed"], r["failed"]),
-            *("%s / %s" % (_fmt(r.get("p50_%s_ms" % m)), _fmt(r.get("p99_%s_ms" % m))) for m, _ in METRICS),
+            *("%s / %s" % (_fmt(r.get("p50_%s_ms" % m)), _fmt(r.get("p99_%s_ms" % m))) for m, _name in METRICS),
             _fmt(r.get("output_tokens_per_s"), 2), _fmt(r.get("requests_per_s"), 3)]) + " |")
     out = "\n".join(lines) + "\n"
     fabric = _fabric_lines(extras or {})
@@ -216,8 +216,8 @@ def allreduce_line(proof: Any) -> Optional[str]:
 def merge_rows(earlier: Iterable[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The results directory's rows after this run: an earlier row of the same label and case is replaced."""
     keys = {(r["label"], r["concurrency"], r["input_len"], r["output_len"]) for r in new}
-    kept = [dict(r) for r in earlier if (r.get("label"), r.get("concurrency"), r.get("input_len"),
-                                          r.get("output_len")) not in keys]
+    kept = [dict(r) for r in earlier
+            if (r.get("label"), r.get("concurrency"), r.get("input_len"), r.get("output_len")) not in keys]
     return kept + [dict(r) for r in new]
 
 
@@ -292,7 +292,7 @@ def tcp_send(bind_ip: str, dst_ip: str, port: int, mib: int, connect_wait: float
     with sock:
         buf = memoryview(bytearray(CHUNK))
         start = time.monotonic()
-        for _ in range(mib):
+        for _chunk in range(mib):
             sock.sendall(buf)
         sock.shutdown(socket.SHUT_WR)
         sock.recv(1)  # the receiver closes once it read everything

@@ -160,7 +160,7 @@ def main():
             result_dir=dict(type="str", default="/tmp/multinode-vllm-bench"),
             base_url=dict(type="str", required=True),
             model=dict(type="str", required=True),
-            tokenizer=dict(type="str", required=True),
+            tokenizer=dict(type="str", required=True, no_log=False),
             concurrencies=dict(type="list", elements="raw", required=True),
             shapes=dict(type="list", elements="raw", required=True),
             prompts_per_concurrency=dict(type="int", default=4),

@@ -142,8 +142,8 @@ def _bench(label: str, results: Path) -> str:
     api_key = (Path.home() / ".config" / "multinode-vllm" / "spark1-vllm-api-key").read_text().strip()
     assert api_key not in run.output
     rows = [r for r in json.loads((results / "results.json").read_text())["rows"] if r["label"] == label]
-    assert [(r["concurrency"], r["num_prompts"], r["completed"], r["failed"]) for r in rows] == [(1, 4, 4, 0),
-                                                                                                  (2, 4, 4, 0)], rows
+    got = [(r["concurrency"], r["num_prompts"], r["completed"], r["failed"]) for r in rows]
+    assert got == [(1, 4, 4, 0), (2, 4, 4, 0)], rows
     assert all(r["output_tokens_per_s"] > 0 and r["p99_ttft_ms"] > 0 and r["p50_itl_ms"] > 0 for r in rows), rows
     raw = json.loads((results / "raw" / ("%s-c2-i32-o16.json" % label)).read_text())
     assert raw["completed"] == 4 and raw["total_output_tokens"] == 4 * 16 and "generated_texts" not in raw
