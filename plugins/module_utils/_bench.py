@@ -34,8 +34,8 @@ class BenchError(MultinodeError):
 
 
 def _positive(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit() \
-            or int(value) < 1:
+    whole = not isinstance(value, bool) and isinstance(value, (int, str)) and str(value).strip().isdigit()
+    if not whole or int(value) < 1:
         raise BenchError("%s is %r, expected a whole number >= 1; %s" % (what, value, FIX))
     return int(value)
 
@@ -200,8 +200,9 @@ def side_by_side(rows: Sequence[Mapping[str, Any]]) -> str:
         tps = [got[lb].get("output_tokens_per_s") if lb in got else None for lb in labels]
         ttft = [got[lb].get("p50_ttft_ms") if lb in got else None for lb in labels]
         ratios = [_fmt(t / tps[0], 2) if t is not None and tps[0] else "-" for t in tps[1:]]
-        lines.append("| " + " | ".join([str(concurrency), "%d/%d" % (length_in, length_out)]
-                                       + [_fmt(t, 2) for t in tps] + [_fmt(t) for t in ttft] + ratios) + " |")
+        cells = [str(concurrency), "%d/%d" % (length_in, length_out)]
+        cells += [_fmt(t, 2) for t in tps] + [_fmt(t) for t in ttft] + ratios
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
