@@ -8,7 +8,7 @@ Root, from the repo root: ``make bench`` (or ``.venv/bin/python tests/bench/benc
 1. lab up 2, teardown (clean start), then a warm-up deploy through the collection (untimed): it fills the
    per-node compile cache and renders the exact commands (supervisor.d/ray.conf and vllm.conf on each node).
 2. teardown; HAND: over ssh, the same ``ray start`` (head, then worker; without --block, as a shell script
-   would) and the same ``vllm serve`` with the same env file, then poll until a completion returns text.
+   would) and the same ``vllm serve`` with the same env files (the launcher's), then poll until a completion returns text.
 3. teardown; COLLECTION: ``ansible-playbook playbooks/deploy.yml -e serve_burst_requests=0`` until it exits
    (its readiness ends with the first completion). 2 and 3 alternate PAIRS times (medians reported).
 4. on the last collection cluster, tokens/s alternately from the collection's server and the same command hand-launched (ROUNDS
@@ -120,25 +120,42 @@ class PeakMemory(threading.Thread):
             self.stop.wait(1.0)
 
 
+def launcher_argv(argv):
+    """The env files and the program argv of a launcher command (PYTHON LAUNCHER ENV_FILE [--env-file F]... PROGRAM
+    ARGS, ``_runtime.launcher_command``): the hand launch loads the same files, then runs the same program."""
+    files, rest = [argv[2]], argv[3:]
+    while len(rest) >= 2 and rest[0] == "--env-file":
+        files.append(rest[1])
+        rest = rest[2:]
+    return files, rest
+
+
 def rendered_commands():
-    """The program argv of ray.conf / vllm.conf on each node, without the launcher (python launcher envfile)."""
+    """(env files, program argv) of ray.conf / vllm.conf on each node, without the launcher."""
     out = {}
     for node in ("spark1", "spark2"):
         for prog in ("ray", "vllm"):
             text = ssh(node, "cat /etc/multinode-vllm/supervisor.d/%s.conf 2>/dev/null || true" % prog).stdout
             match = re.search(r"^command=(.*)$", text, re.M)
             if match:
-                argv = shlex.split(match.group(1).replace("%%", "%"))[3:]
-                out[(node, prog)] = [a for a in argv if a != "--block"]
+                files, argv = launcher_argv(shlex.split(match.group(1).replace("%%", "%")))
+                out[(node, prog)] = (files, [a for a in argv if a != "--block"])
     return out
 
 
-ENV_WORDS = "mapfile -t E < <(grep -v '^#' /etc/multinode-vllm/node.env | grep .); "
+def env_words(files):
+    """Shell words that load the env files into the array E (no quoting or expansion in them: the launcher's rules)."""
+    return "mapfile -t E < <(cat %s | grep -v '^[[:space:]]*#' | grep .); " % " ".join(shlex.quote(f) for f in files)
+
+
+def hand_command(cmds, node, prog, log):
+    files, argv = cmds[(node, prog)]
+    return env_words(files) + 'env "${E[@]}" ' + shlex.join(argv) + " >%s 2>&1" % log
 
 
 def hand_vllm(cmds):
-    ssh("spark1", ENV_WORDS + 'setsid nohup env "${E[@]}" ' + shlex.join(cmds[("spark1", "vllm")])
-        + " >/tmp/hand-vllm.log 2>&1 </dev/null &")
+    ssh("spark1", "setsid nohup bash -c %s </dev/null >/dev/null 2>&1 &"
+        % shlex.quote(hand_command(cmds, "spark1", "vllm", "/tmp/hand-vllm.log")))
 
 
 def wait_ready(what, timeout=900):
@@ -186,7 +203,7 @@ def alternate(cmds, rounds):
 
 def hand_launch(cmds):
     for node in ("spark1", "spark2"):
-        ssh(node, ENV_WORDS + 'env "${E[@]}" ' + shlex.join(cmds[(node, "ray")]) + " >/tmp/hand-ray.log 2>&1")
+        ssh(node, hand_command(cmds, node, "ray", "/tmp/hand-ray.log"))
     hand_vllm(cmds)
     wait_ready("hand-launched vLLM (see /tmp/hand-vllm.log in spark1)")
 
