@@ -18,7 +18,7 @@ export PYTHONPATH := $(COLLECTIONS)
 include lab/lab.mk
 include lab/lab-runtime.mk
 
-.PHONY: help setup system-deps check unit lint docs docs-lock changelog sanity sanity-deps matrix matrix-lock build importer importer-lock test integration molecule lock clean demo demo-down bench bench-runtimes lab-runtime
+.PHONY: help setup system-deps check unit lint docs docs-lock changelog sanity sanity-deps matrix matrix-lock build importer importer-lock test integration molecule lock clean demo demo-down bench bench-runtimes profile lab-runtime
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -212,3 +212,6 @@ bench: setup system-deps lab-runtime ## Serve benchmark on the lab (collection v
 
 bench-runtimes: setup system-deps lab-runtime lab-image ## Deploy to first completion per runtime (process, docker, systemd) vs hand-launched; writes docs/benchmarks.md (section Runtimes)
 	.venv/bin/python tests/bench/bench_runtimes.py
+
+profile: setup system-deps lab-runtime ## Where a deploy's time goes, per task and host (ansible-runner events): cold, idempotent, verify; writes docs/benchmarks.md (section Deploy profile)
+	.venv/bin/python tests/bench/profile_deploy.py

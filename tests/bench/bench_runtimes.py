@@ -68,14 +68,24 @@ def teardown(runtime):
                       % LAB_ROOT, check=False)
 
 
-def docker_run_argv(inspected, name):
-    """``docker run`` arguments that start a container like ``inspected`` (``docker inspect``'s object) by hand."""
+def docker_run_argv(inspected, name, pid_container=""):
+    """``docker run`` arguments that start a container like ``inspected`` (``docker inspect``'s object) by hand;
+    one that shares another container's process namespace shares ``pid_container``'s (the hand-started one)."""
     config, host = inspected["Config"], inspected["HostConfig"]
     argv = ["run", "-d", "--name", name, "--network", host["NetworkMode"], "--ipc", host["IpcMode"] or "private"]
+    if (host.get("PidMode") or "").startswith("container:"):
+        if not pid_container:
+            raise SystemExit("%s shares a process namespace (%s): name the hand container to share"
+                             % (inspected["Name"], host["PidMode"]))
+        argv += ["--pid", "container:" + pid_container]
     if host.get("ShmSize"):
         argv += ["--shm-size", str(host["ShmSize"])]
     for bind in host.get("Binds") or []:
         argv += ["-v", bind]
+    # The collection's container binds with mounts (the launcher's env files, the model, /tmp), not -v.
+    for mount in host.get("Mounts") or []:
+        argv += ["--mount", "type=%s,source=%s,target=%s%s" % (mount["Type"], mount["Source"], mount["Target"],
+                                                               ",readonly" if mount.get("ReadOnly") else "")]
     for path, options in (host.get("Tmpfs") or {}).items():
         argv += ["--tmpfs", path + (":" + options if options else "")]
     for limit in host.get("Ulimits") or []:
@@ -100,7 +110,7 @@ def rendered(runtime):
     for host, prog in PROGRAMS:
         if runtime == "docker":
             inspected = json.loads(node(host, "docker", "inspect", "multinode-" + prog).stdout)[0]
-            out[(host, prog)] = docker_run_argv(inspected, "hand-" + prog)
+            out[(host, prog)] = docker_run_argv(inspected, "hand-" + prog, "hand-ray" if prog == "vllm" else "")
         else:
             text = node(host, "systemctl", "cat", "multinode-%s.service" % prog).stdout
             starts = [line for line in text.splitlines() if line.startswith("ExecStart=")]

@@ -1,0 +1,104 @@
+# Copyright (c) multinode.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Where a deploy's time goes, per task and host, on the 2-node lab (docs/benchmarks.md, ## Deploy profile).
+
+Root, from the repo root: ``make profile`` (``.venv/bin/python tests/bench/profile_deploy.py``). The playbooks run
+through ``ansible_runner.run`` (the pinned ansible-runner): the timings are its job events' per-host start and end
+(``plugins/module_utils/_play_profile.py``), not parsed from stdout.
+
+1. lab up 2 (process runtime), teardown (clean start);
+2. a cold ``deploy.yml`` (to the first completion), then the same deploy again (idempotent: nothing changes), then
+   ``verify.yml``; each profiled.
+Leaves the lab down. Prints the section and writes it into docs/benchmarks.md (BENCH_WRITE=0: print only).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ansible_runner
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / ".cache" / "collections"))
+from ansible_collections.multinode.vllm.plugins.module_utils._play_profile import markdown, profile  # noqa: E402
+
+LABCTL = str(ROOT / "lab" / "labctl")
+INVENTORY = str(ROOT / "inventories" / "lab")
+ENVVARS = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PYTHONPATH": str(ROOT / ".cache" / "collections"),
+           "PATH": str(ROOT / ".venv" / "bin") + os.pathsep + os.environ.get("PATH", "")}
+
+
+def play(name, extravars=None):
+    """(seconds, profile) of one playbook run through ansible-runner; exits naming the play if it failed."""
+    data_dir = tempfile.mkdtemp(prefix="profile-deploy-")
+    try:
+        t0 = time.monotonic()
+        runner = ansible_runner.run(private_data_dir=data_dir, project_dir=str(ROOT),
+                                    playbook=str(ROOT / "playbooks" / name), inventory=INVENTORY,
+                                    envvars=ENVVARS, extravars=extravars or {}, quiet=True)
+        seconds = time.monotonic() - t0
+        events = list(runner.events)
+        if runner.rc != 0:
+            failed = [e["event_data"].get("task") for e in events if e.get("event") == "runner_on_failed"]
+            raise SystemExit("%s failed (rc %s): %s\n%s" % (name, runner.rc, failed, runner.stdout.read()[-3000:]))
+        return seconds, profile(events)
+    finally:
+        # The events hold task results; the artefacts are not kept (no_log results are censored, the rest stays here).
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def section(runs, load):
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(ROOT), capture_output=True, text=True,
+                            check=False).stdout.strip()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")
+    out = ["## Deploy profile", "",
+           "Command: `make profile` (`tests/bench/profile_deploy.py`), %s at %s, %s, %d cores, load before %s. "
+           "Each playbook runs through `ansible_runner.run`; a task's wall time is its first host's start to its "
+           "last host's end from the job events, and what lies between tasks is the controller's."
+           % (now, commit, cpu, os.cpu_count(), " ".join(load)), ""]
+    for title, (seconds, result) in runs:
+        out += ["### %s: %.1f s" % (title, seconds), "", markdown(result)]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def write_section(text):
+    path = ROOT / "docs" / "benchmarks.md"
+    doc = path.read_text()
+    start = doc.find("\n## Deploy profile\n")
+    if start < 0:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    else:
+        nxt = doc.find("\n## ", start + 1)
+        doc = doc[:start + 1] + text + (doc[nxt:] if nxt >= 0 else "")
+    path.write_text(doc)
+
+
+def main():
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    subprocess.run([LABCTL, "up", "2"], check=True)
+    try:
+        play("teardown.yml")
+        runs = [("cold deploy.yml (to the first completion)", play("deploy.yml", {"serve_burst_requests": 0})),
+                ("deploy.yml again (idempotent)", play("deploy.yml", {"serve_burst_requests": 0})),
+                ("verify.yml", play("verify.yml"))]
+        play("teardown.yml")
+    finally:
+        subprocess.run([LABCTL, "down"], check=False)
+    text = section(runs, load)
+    print(text)
+    if os.environ.get("BENCH_WRITE", "1") == "1":
+        write_section(text)
+
+
+if __name__ == "__main__":
+    main()
