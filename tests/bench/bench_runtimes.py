@@ -12,11 +12,12 @@ For each of RUNTIMES (process docker systemd):
 2. Read what the warm-up rendered, the hand-launched baseline's input: process, the supervisord programs' commands
    (as ``make bench`` does); docker, each container's parameters from ``docker inspect`` (image ID, entrypoint and
    command, host network and IPC, ``/dev/shm``, binds, tmpfs, ulimits, environment); systemd, each unit's
-   ``ExecStart=`` line.
+   ``EnvironmentFile=`` and ``ExecStart=`` lines.
 3. Teardown; HAND: the same programs started by hand, as a user would without the collection: process, a shell over
    ssh (``ray start`` head, then worker, then ``vllm serve``, with the node env file); docker, a plain ``docker run``
-   per container; systemd, a unit written by hand per program (``ExecStart=`` as rendered, nothing else), then
-   ``systemctl start``; then a completion is polled every 2 s.
+   per container; systemd, a unit written by hand per program (``EnvironmentFile=`` and ``ExecStart=`` as
+   rendered, nothing else: no restart policy, limits or ordering), then ``systemctl start``; then a completion is
+   polled every 2 s.
 4. Teardown; COLLECTION: ``ansible-playbook playbooks/deploy.yml -e multinode_runtime=K -e serve_burst_requests=0``
    until it exits (its readiness ends with the first completion).
 
@@ -113,10 +114,12 @@ def rendered(runtime):
             out[(host, prog)] = docker_run_argv(inspected, "hand-" + prog, "hand-ray" if prog == "vllm" else "")
         else:
             text = node(host, "systemctl", "cat", "multinode-%s.service" % prog).stdout
-            starts = [line for line in text.splitlines() if line.startswith("ExecStart=")]
+            lines = text.splitlines()
+            starts = [line for line in lines if line.startswith("ExecStart=")]
             if len(starts) != 1:
                 raise SystemExit("%s: multinode-%s.service has %d ExecStart= lines" % (host, prog, len(starts)))
-            out[(host, prog)] = starts[0]
+            # Ray's unit reads the node env file through systemd (EnvironmentFile=): a hand-written unit names it too.
+            out[(host, prog)] = "\n".join([line for line in lines if line.startswith("EnvironmentFile=")] + starts)
     return out
 
 
@@ -200,7 +203,7 @@ def section(results, load, commit):
         "worker, `vllm serve`, with the node env file); docker, a plain `docker run` per container with the "
         "parameters the collection's container has (`docker inspect`: image ID, entrypoint and command, host network "
         "and IPC, `/dev/shm`, binds, ulimits, environment); systemd, a unit written by hand per program holding only "
-        "the rendered `ExecStart=` line. The worker's Ray starts once the head's GCS port listens. HAND's time ends at "
+        "the rendered `EnvironmentFile=` and `ExecStart=` lines. The worker's Ray starts once the head's GCS port listens. HAND's time ends at "
         "the first completion that returns text (polled every 2 s); COLLECTION's at the exit of "
         "`ansible-playbook playbooks/deploy.yml -e multinode_runtime=K -e serve_burst_requests=0` (its readiness "
         "ends with a completion).",
