@@ -239,17 +239,7 @@ def cpu_model():
 
 
 def write_section(text):
-    path = ROOT / "docs" / "benchmarks.md"
-    doc = path.read_text()
-    title = text.splitlines()[0]
-    start = doc.find("\n" + title + "\n")
-    if start < 0:
-        anchor = doc.find("\n## Serve\n")
-        doc = doc[:anchor + 1] + text + "\n" + doc[anchor + 1:] if anchor >= 0 else doc.rstrip("\n") + "\n\n" + text
-    else:
-        nxt = doc.find("\n## ", start + 1)
-        doc = doc[:start + 1] + text + (doc[nxt:] if nxt >= 0 else "")
-    path.write_text(doc)
+    serve.replace_section(text, text.splitlines()[0][3:], before="Serve")
 
 
 def main():

@@ -225,16 +225,23 @@ def measure(label, start_fn):
     return {"first": first, "tps": tps, "pss": mem.peak_pss / 2**20, "rss": mem.peak_rss / 2**20}
 
 
-def write_section(text):
+def replace_section(text, heading, before=None):
+    """Put ``text`` (a section starting ``## heading``) into docs/benchmarks.md in place of that section; a new one
+    goes before the section ``before`` where it exists, else at the end (every bench script writes through this)."""
     path = ROOT / "docs" / "benchmarks.md"
     doc = path.read_text()
-    start = doc.find("\n## Serve\n")
+    start = doc.find("\n## %s\n" % heading)
     if start < 0:
-        doc = doc.rstrip("\n") + "\n\n" + text
+        anchor = doc.find("\n## %s\n" % before) if before else -1
+        doc = doc[:anchor + 1] + text + "\n" + doc[anchor + 1:] if anchor >= 0 else doc.rstrip("\n") + "\n\n" + text
     else:
         nxt = doc.find("\n## ", start + 1)
         doc = doc[:start + 1] + text + (doc[nxt:] if nxt >= 0 else "")
     path.write_text(doc)
+
+
+def write_section(text):
+    replace_section(text, "Serve")
 
 
 def main():

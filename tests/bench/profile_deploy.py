@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import ansible_runner
+import bench_serve  # same folder: the one writer of docs/benchmarks.md sections
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / ".cache" / "collections"))
@@ -72,15 +73,7 @@ def section(runs, load):
 
 
 def write_section(text):
-    path = ROOT / "docs" / "benchmarks.md"
-    doc = path.read_text()
-    start = doc.find("\n## Deploy profile\n")
-    if start < 0:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    else:
-        nxt = doc.find("\n## ", start + 1)
-        doc = doc[:start + 1] + text + (doc[nxt:] if nxt >= 0 else "")
-    path.write_text(doc)
+    bench_serve.replace_section(text, "Deploy profile")
 
 
 def main():
