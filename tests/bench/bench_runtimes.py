@@ -203,13 +203,13 @@ def section(results, load, commit):
         "worker, `vllm serve`, with the node env file); docker, a plain `docker run` per container with the "
         "parameters the collection's container has (`docker inspect`: image ID, entrypoint and command, host network "
         "and IPC, `/dev/shm`, binds, ulimits, environment); systemd, a unit written by hand per program holding only "
-        "the rendered `EnvironmentFile=` and `ExecStart=` lines. The worker's Ray starts once the head's GCS port listens. HAND's time ends at "
-        "the first completion that returns text (polled every 2 s); COLLECTION's at the exit of "
+        "the rendered `EnvironmentFile=` and `ExecStart=` lines. The worker's Ray starts once the head's GCS port "
+        "listens. HAND's time ends at the first completion that returns text (polled every 2 s); COLLECTION's at the exit of "
         "`ansible-playbook playbooks/deploy.yml -e multinode_runtime=K -e serve_burst_requests=0` (its readiness "
         "ends with a completion).",
         "",
         "Measured %s at %s (%d cores, %s; load average before %s; other jobs may share the CPU):" % (
-            stamp, commit, os.cpu_count() or 0, cpu_model(), " ".join(load)),
+            stamp, commit, os.cpu_count() or 0, serve.cpu_model(), " ".join(load)),
         "",
         "| runtime | lab up | image check (cached) | warm-up deploy | hand-launched | collection | ratio |",
         "|---|---|---|---|---|---|---|",
@@ -229,13 +229,6 @@ def section(results, load, commit):
         "",
     ]
     return "\n".join(lines)
-
-
-def cpu_model():
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def write_section(text):

@@ -33,6 +33,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / ".cache" / "collections"))
+from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import MORE as LAUNCHER_MORE  # noqa: E402
 LABCTL = str(ROOT / "lab" / "labctl")
 SSH_CONFIG = "/var/lib/multinode-vllm-lab/run/ssh/ssh_config"
 API = "http://198.19.1.10:8000"
@@ -124,7 +126,7 @@ def launcher_argv(argv):
     """The env files and the program argv of a launcher command (PYTHON LAUNCHER ENV_FILE [--env-file F]... PROGRAM
     ARGS, ``_runtime.launcher_command``): the hand launch loads the same files, then runs the same program."""
     files, rest = [argv[2]], argv[3:]
-    while len(rest) >= 2 and rest[0] == "--env-file":
+    while len(rest) >= 2 and rest[0] == LAUNCHER_MORE:
         files.append(rest[1])
         rest = rest[2:]
     return files, rest
@@ -223,6 +225,14 @@ def measure(label, start_fn):
     print("%s: first completion after %.1f s, %.2f tokens/s, peak PSS %.2f GiB (RSS %.2f GiB)"
           % (label, first, tps, mem.peak_pss / 2**20, mem.peak_rss / 2**20), file=sys.stderr)
     return {"first": first, "tps": tps, "pss": mem.peak_pss / 2**20, "rss": mem.peak_rss / 2**20}
+
+
+def cpu_model():
+    """The CPU's model name, as the benchmark sections state it."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 def replace_section(text, heading, before=None):

@@ -52,28 +52,21 @@ def play(name, extravars=None):
             raise SystemExit("%s failed (rc %s): %s\n%s" % (name, runner.rc, failed, runner.stdout.read()[-3000:]))
         return seconds, profile(events)
     finally:
-        # The events hold task results; the artefacts are not kept (no_log results are censored, the rest stays here).
+        # The artefacts hold every task's result (no_log ones censored); only the timings are kept.
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def section(runs, load):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(ROOT), capture_output=True, text=True,
-                            check=False).stdout.strip()
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "?")
+    commit = bench_serve.run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
     out = ["## Deploy profile", "",
            "Command: `make profile` (`tests/bench/profile_deploy.py`), %s at %s, %s, %d cores, load before %s. "
            "Each playbook runs through `ansible_runner.run`; a task's wall time is its first host's start to its "
            "last host's end from the job events, and what lies between tasks is the controller's."
-           % (now, commit, cpu, os.cpu_count(), " ".join(load)), ""]
+           % (now, commit, bench_serve.cpu_model(), os.cpu_count(), " ".join(load)), ""]
     for title, (seconds, result) in runs:
         out += ["### %s: %.1f s" % (title, seconds), "", markdown(result)]
     return "\n".join(out).rstrip("\n") + "\n"
-
-
-def write_section(text):
-    bench_serve.replace_section(text, "Deploy profile")
 
 
 def main():
@@ -90,7 +83,7 @@ def main():
     text = section(runs, load)
     print(text)
     if os.environ.get("BENCH_WRITE", "1") == "1":
-        write_section(text)
+        bench_serve.replace_section(text, "Deploy profile")
 
 
 if __name__ == "__main__":
