@@ -197,7 +197,8 @@ demo: setup system-deps lab-runtime $(if $(filter docker systemd,$(RUNTIME)),lab
 	  -e multinode_runtime=$(RUNTIME) \
 	  | tee .cache/demo.log
 	@echo; echo "== make demo ($(BACKEND)): node table, one completion, tokens/s =="
-	@sed -n '/TASK \[Show the node table\]/,/^$$/p;/TASK \[Show one completion/,/^$$/p' .cache/demo.log \
+	@# Role tasks print as TASK [multinode.vllm.serve : NAME].
+	@sed -n '/TASK \[[^]]*Show the node table\]/,/^$$/p;/TASK \[[^]]*Show one completion/,/^$$/p' .cache/demo.log \
 	  | grep -vE '^(TASK|ok:| +msg:|$$)'
 	@echo "Try it: curl -s http://198.19.1.10:8000/v1/completions -H 'Content-Type: application/json' \\"
 	@echo "  -H \"Authorization: Bearer \$$(cat ~/.config/multinode-vllm/spark1-vllm-api-key)\" \\"
