@@ -18,7 +18,7 @@ export PYTHONPATH := $(COLLECTIONS)
 include lab/lab.mk
 include lab/lab-runtime.mk
 
-.PHONY: help setup system-deps check unit lint docs docs-lock changelog sanity sanity-deps matrix matrix-lock build importer importer-lock test integration molecule lock clean demo demo-down bench bench-runtimes profile lab-runtime
+.PHONY: help setup system-deps check unit lint docs docs-lock changelog sanity sanity-deps matrix matrix-lock build importer importer-lock test integration molecule lock clean demo demo-down bench bench-runtimes bench-growth profile lab-runtime
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -47,8 +47,9 @@ unit: setup ## Unit tests of module_utils, modules and filters
 
 # ANSIBLE_HOME: offline, ansible-lint reads collections from ~/.ansible first, where an installed copy of this
 # collection may lie (stale once a role is added); a home of its own reads only the working tree.
-lint: setup ## ansible-lint (production profile)
+lint: setup ## ansible-lint (production profile) and sanity's pep8 test
 	ANSIBLE_HOME=$(CURDIR)/.cache/ansible-home $(BIN)/ansible-lint -q
+	tests/sanity/pep8.sh $(BIN)
 
 check: unit lint ## The fast inner loop: unit tests and lint
 
@@ -138,8 +139,9 @@ lab-runtime: lab-venv lab-model ## Build the lab's node venv (Ray, vLLM CPU) and
 integration: setup system-deps lab-runtime lab-image ## Lab tests and integration tests over the lab (root)
 	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests/lab tests/integration
 
-molecule: setup system-deps lab-runtime lab-image ## The molecule scenario(s) over the lab
-	cd $(CURDIR) && $(BIN)/molecule test --all
+MOLECULE_SCENARIOS ?= default native docker systemd
+molecule: setup system-deps lab-runtime lab-image ## The molecule scenarios over the lab (MOLECULE_SCENARIOS, all by default)
+	cd $(CURDIR) && for scenario in $(MOLECULE_SCENARIOS); do $(BIN)/molecule test -s $$scenario || exit 1; done
 
 # The parts CI runs. The lab parts run one after the other in the foreground. The parts that need no lab run beside
 # them, one after the other, at the lowest CPU and I/O priority (nice 19, ionice idle): they take the CPU the lab
@@ -147,7 +149,11 @@ molecule: setup system-deps lab-runtime lab-image ## The molecule scenario(s) ov
 # Each side part's output goes to .cache/make-test-logs/<part>.log (its tail is printed if it fails); the seconds of
 # every part are printed at the end and kept in .cache/make-test-times.txt (docs/benchmarks.md, "What make test costs").
 TEST_SIDE_PARTS := check docs sanity matrix build importer
-TEST_LAB_PARTS := integration molecule
+# Every molecule scenario runs inside the integration part, so make test has no molecule part: test_doctor.py
+# (default), test_serve.py (native), test_docker.py and test_systemd.py start from their scenario's whole test
+# sequence but its last destroy (conftest.molecule_scenario_kept), and make test deploys each of those clusters once.
+# tests/unit/test_molecule_coverage.py fails if a scenario is added that no integration module runs.
+TEST_LAB_PARTS := integration
 TEST_PARTS := $(TEST_SIDE_PARTS) $(TEST_LAB_PARTS)
 TEST_TIMES := $(CURDIR)/.cache/make-test-times.txt
 TEST_LOGS := $(CURDIR)/.cache/make-test-logs
@@ -167,7 +173,8 @@ test: ## Everything CI runs
 	status=0; \
 	for part in $(TEST_LAB_PARTS); do \
 	  start=$$(date +%s); \
-	  $(MAKE) --no-print-directory $$part || { echo "make test: $$part failed"; status=1; break; }; \
+	  $(MAKE) --no-print-directory $$part \
+	    || { echo "make test: $$part failed"; status=1; break; }; \
 	  echo "$$part $$(( $$(date +%s) - start )) s" >> $(TEST_TIMES); \
 	done; \
 	echo "make test: lab parts done after $$(( $$(date +%s) - begin )) s; waiting for the side parts"; \
@@ -197,9 +204,7 @@ demo: setup system-deps lab-runtime $(if $(filter docker systemd,$(RUNTIME)),lab
 	  -e multinode_runtime=$(RUNTIME) \
 	  | tee .cache/demo.log
 	@echo; echo "== make demo ($(BACKEND)): node table, one completion, tokens/s =="
-	@# Role tasks print as TASK [multinode.vllm.serve : NAME].
-	@sed -n '/TASK \[[^]]*Show the node table\]/,/^$$/p;/TASK \[[^]]*Show one completion/,/^$$/p' .cache/demo.log \
-	  | grep -vE '^(TASK|ok:| +msg:|$$)'
+	@lab/demo-summary.sh .cache/demo.log
 	@echo "Try it: curl -s http://198.19.1.10:8000/v1/completions -H 'Content-Type: application/json' \\"
 	@echo "  -H \"Authorization: Bearer \$$(cat ~/.config/multinode-vllm/spark1-vllm-api-key)\" \\"
 	@echo "  -d '{\"model\": \"tiny\", \"prompt\": \"Hello\", \"max_tokens\": 16}'     (make demo-down when done)"
@@ -213,6 +218,9 @@ bench: setup system-deps lab-runtime ## Serve benchmark on the lab (collection v
 
 bench-runtimes: setup system-deps lab-runtime lab-image ## Deploy to first completion per runtime (process, docker, systemd) vs hand-launched; writes docs/benchmarks.md (section Runtimes)
 	.venv/bin/python tests/bench/bench_runtimes.py
+
+bench-growth: setup system-deps lab-runtime ## Every gate's time against the node count (NODES="2 4 8 16 32", no serve); writes docs/benchmarks.md (section Growth with the node count) and docs/benchmarks-growth.svg
+	.venv/bin/python tests/bench/bench_growth.py
 
 profile: setup system-deps lab-runtime ## Where a deploy's time goes, per task and host (ansible-runner events): cold, idempotent, verify; writes docs/benchmarks.md (section Deploy profile)
 	.venv/bin/python tests/bench/profile_deploy.py

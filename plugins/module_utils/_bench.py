@@ -12,6 +12,7 @@ throughput over the fabric (a plain socket receiver and sender, the baseline the
 from __future__ import annotations
 
 import json
+import math
 import re
 import socket
 import time
@@ -305,3 +306,34 @@ def throughput(total: int, seconds: float) -> dict[str, Any]:
     rate = total / seconds if seconds > 0 else 0.0
     return {"bytes": total, "mib": total // CHUNK, "seconds": round(seconds, 4),
             "gbytes_per_s": round(rate / 1e9, 3), "gbits_per_s": round(rate * 8 / 1e9, 2)}
+
+
+# Student's t, two-sided 95% (the 0.975 quantile), by degrees of freedom; 1.96 (the normal's) past the table.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def paired_ratio_interval(first: Sequence[float], second: Sequence[float]) -> dict[str, Any]:
+    """The ratio first/second of two servers measured in turns (A B A B ... A), with its 95% confidence interval.
+
+    ``first`` holds one more value than ``second``: each second[i] is bracketed by first[i] and first[i + 1], so each
+    round's ratio is their mean over second[i], and the machine's drift falls on both sides of it alike. The
+    interval is Student's t on the log ratios (a ratio's spread is multiplicative), exponentiated back; ``half`` is
+    its larger half-width relative to the ratio (0.03 means +-3%). It needs at least two rounds.
+    """
+    if len(first) != len(second) + 1:
+        raise BenchError("paired rounds need A B A B ... A: %d values of the first, %d of the second"
+                         % (len(first), len(second)))
+    if len(second) < 2:
+        raise BenchError("a confidence interval needs at least 2 rounds; got %d" % len(second))
+    values = [float(v) for v in (*first, *second)]
+    if min(values) <= 0:
+        raise BenchError("every measured value must be above 0; got %s" % values)
+    logs = [math.log((first[i] + first[i + 1]) / 2.0 / second[i]) for i in range(len(second))]
+    n = len(logs)
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    t = T_975[n - 2] if n - 2 < len(T_975) else 1.96
+    ratio, low, high = math.exp(mean), math.exp(mean - t * sd / math.sqrt(n)), math.exp(mean + t * sd / math.sqrt(n))
+    return {"ratio": ratio, "low": low, "high": high, "rounds": n,
+            "half": max(high - ratio, ratio - low) / ratio, "ratios": [math.exp(x) for x in logs]}

@@ -40,6 +40,8 @@ NON_CARRY_OVER_FILE = "ray_non_carry_over_env_vars.json"
 
 # Set to 0 for Ray on unified-memory nodes.
 RAY_MEMORY_MONITOR = "RAY_memory_monitor_refresh_ms"
+# Set to 0 for every Ray node (node_environment says why).
+RAY_DRAIN_TIMEOUT = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 
 GID_SELECTIONS = ("addr_range", "index")
 BACKENDS = ("ray", "native")
@@ -159,6 +161,13 @@ def node_environment(
         # weights stream in: a load that stalls at 40-80% with no error (_memory.py gives the sources). 0 turns it
         # off; node_env_extra may set another value instead.
         env[RAY_MEMORY_MONITOR] = "0"
+    if settings.backend == "ray" and RAY_DRAIN_TIMEOUT not in (settings.extra or {}):
+        # ray start --block (Ray 2.60) drains its node on SIGTERM for up to 30 s before stopping anything, as long as
+        # every stop timeout the runtimes give it (supervisord, systemd): they then SIGKILL it, the head's GCS outlives
+        # it on the port, and the restarted head exits "already running at <fabric ip>:6379" until its supervisor
+        # gives up (found growing the lab from 2 to 4 nodes). Draining lets Ray Serve move replicas; a vLLM TP group
+        # cannot move and restarts whole, so 0 stops Ray at once. node_env_extra may set another value.
+        env[RAY_DRAIN_TIMEOUT] = "0"
     if settings.vllm_config_root:
         _check_line("node_env_vllm_config_root", settings.vllm_config_root, host)
         env["VLLM_CONFIG_ROOT"] = settings.vllm_config_root

@@ -10,7 +10,8 @@ the task), ``end`` and ``duration``, with the task's ``task_uuid``, ``task`` nam
 - a task's wall time is its first host's start to its last host's end (hosts run a task in parallel, up to forks);
 - what lies between tasks (the strategy's bookkeeping, templating, includes, a play's start) is the controller's
   time, reported as one figure (``between``) so a profile shows whether SSH work or the controller dominates;
-- per role, the sum of its tasks' wall times; per task, its slowest host.
+- per role, the sum of its tasks' wall times; per task, its slowest host;
+- per play (each gate of deploy.yml is a play), its first task's start to its last task's end.
 
 ``tests/bench/profile_deploy.py`` runs a playbook through ``ansible_runner.run`` and prints ``markdown(profile(...))``.
 """
@@ -39,6 +40,7 @@ def profile(events) -> dict:
             continue
         key = data.get("task_uuid") or (data.get("role"), data.get("task"))
         task = tasks.setdefault(key, {"task": data.get("task") or "?", "role": data.get("role") or "",
+                                      "play": data.get("play") or "", "play_uuid": data.get("play_uuid") or "",
                                       "start": start, "end": end, "hosts": {}, "skipped": 0})
         task["start"], task["end"] = min(task["start"], start), max(task["end"], end)
         host = data.get("host") or "?"
@@ -55,7 +57,16 @@ def profile(events) -> dict:
                      "skipped_only": task["skipped"] >= len(task["hosts"])})
         roles[task["role"]] = roles.get(task["role"], 0.0) + wall
     if not ordered:
-        return {"tasks": [], "roles": {}, "wall": 0.0, "in_tasks": 0.0, "between": 0.0}
+        return {"tasks": [], "roles": {}, "plays": [], "wall": 0.0, "in_tasks": 0.0, "between": 0.0}
+    # Per play (a gate of deploy.yml is a play): its first task's start to its last task's end, in play order.
+    plays = {}
+    for task in ordered:
+        first = {"play": task["play"], "start": task["start"], "end": task["end"], "tasks": 0}
+        entry = plays.setdefault(task["play_uuid"] or task["play"], first)
+        entry["start"], entry["end"] = min(entry["start"], task["start"]), max(entry["end"], task["end"])
+        entry["tasks"] += 1
+    play_rows = [{"play": e["play"], "wall": (e["end"] - e["start"]).total_seconds(), "tasks": e["tasks"]}
+                 for e in sorted(plays.values(), key=lambda e: e["start"])]
     wall = (max(t["end"] for t in ordered) - ordered[0]["start"]).total_seconds()
     # Tasks of different plays can overlap only through async/free strategies; the union keeps the sum honest.
     in_tasks, reach = 0.0, ordered[0]["start"]
@@ -64,7 +75,8 @@ def profile(events) -> dict:
         if task["end"] > start:
             in_tasks += (task["end"] - start).total_seconds()
             reach = task["end"]
-    return {"tasks": rows, "roles": roles, "wall": wall, "in_tasks": in_tasks, "between": wall - in_tasks}
+    return {"tasks": rows, "roles": roles, "plays": play_rows, "wall": wall, "in_tasks": in_tasks,
+            "between": wall - in_tasks}
 
 
 def markdown(result: dict, top: int = 15) -> str:

@@ -11,8 +11,9 @@ Root, from the repo root: ``make bench`` (or ``.venv/bin/python tests/bench/benc
    would) and the same ``vllm serve`` with the same env files (the launcher's), then poll until a completion returns text.
 3. teardown; COLLECTION: ``ansible-playbook playbooks/deploy.yml -e serve_burst_requests=0`` until it exits
    (its readiness ends with the first completion). 2 and 3 alternate PAIRS times (medians reported).
-4. on the last collection cluster, tokens/s alternately from the collection's server and the same command hand-launched (ROUNDS
-   rounds: C H C H ... C; supervisorctl stop/start for the collection's, setsid/pkill for the hand one).
+4. on the last collection cluster, tokens/s alternately from the collection's server and the same command hand-launched
+   (C H C H ... C; supervisorctl stop/start for the collection's, setsid/pkill for the hand one): at least ROUNDS rounds,
+   then more, up to MAX_ROUNDS, until the paired ratio's 95% interval is within +-TARGET_HALF (0.03) of it.
 After each 2 and 3: the same client burst (BURST requests of 64 tokens, ignore_eos) for tokens/s, and the peak PSS of
 every process in the two nodes' network namespaces, sampled each second from start to the end of the burst.
 Leaves the lab down. Prints the markdown section and writes it into docs/benchmarks.md.
@@ -34,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / ".cache" / "collections"))
+from ansible_collections.multinode.vllm.plugins.module_utils._bench import paired_ratio_interval  # noqa: E402
 from ansible_collections.multinode.vllm.plugins.module_utils._node_env_exec import MORE as LAUNCHER_MORE  # noqa: E402
 LABCTL = str(ROOT / "lab" / "labctl")
 SSH_CONFIG = "/var/lib/multinode-vllm-lab/run/ssh/ssh_config"
@@ -41,7 +43,11 @@ API = "http://198.19.1.10:8000"
 MODEL = "tiny"
 BURST = int(os.environ.get("BURST", "12"))
 SETTLE = float(os.environ.get("SETTLE", "10"))
-ROUNDS = int(os.environ.get("ROUNDS", "4"))  # hand/collection alternations for (b)
+# Hand/collection alternations for (b): at least ROUNDS, more (up to MAX_ROUNDS) until the paired ratio's 95% interval
+# is within +-TARGET_HALF of it (issue 24: tell 5% apart).
+ROUNDS = int(os.environ.get("ROUNDS", "4"))
+MAX_ROUNDS = int(os.environ.get("MAX_ROUNDS", "16"))
+TARGET_HALF = float(os.environ.get("TARGET_HALF", "0.03"))
 PAIRS = int(os.environ.get("PAIRS", "2"))  # hand/collection deploy pairs for (a) (H C H C ...)
 ENV = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), PYTHONPATH=str(ROOT / ".cache" / "collections"),
            ANSIBLE_NOCOLOR="1")
@@ -90,29 +96,36 @@ def burst():
     return tokens / (time.monotonic() - start)
 
 
-class PeakMemory(threading.Thread):
-    """Peak of the summed PSS (and RSS) of every process in spark1's and spark2's network namespaces."""
+def netns_pids(namespaces):
+    """The pids of every process in the named network namespaces (``ip netns pids``)."""
+    found = []
+    for ns in namespaces:
+        found += subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=False).stdout.split()
+    return found
 
-    def __init__(self):
+
+class PeakMemory(threading.Thread):
+    """Peak of the summed PSS (and RSS) of every process in the given network namespaces (spark1's and spark2's by
+    default), or of the processes ``pids()`` names."""
+
+    def __init__(self, namespaces=("spark1", "spark2"), pids=None):
         super().__init__(daemon=True)
         self.peak_pss = self.peak_rss = 0
         self.stop = threading.Event()
+        self.pids = pids or (lambda: netns_pids(namespaces))
 
     def sample(self):
         pss = rss = 0
-        for ns in ("spark1", "spark2"):
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
-                                  check=False).stdout.split()
-            for pid in pids:
-                try:
-                    text = Path("/proc/%s/smaps_rollup" % pid).read_text()
-                except OSError:
-                    continue
-                for key, value in re.findall(r"^(Pss|Rss):\s+(\d+) kB", text, re.M):
-                    if key == "Pss":
-                        pss += int(value)
-                    else:
-                        rss += int(value)
+        for pid in self.pids():
+            try:
+                text = Path("/proc/%s/smaps_rollup" % pid).read_text()
+            except OSError:
+                continue
+            for key, value in re.findall(r"^(Pss|Rss):\s+(\d+) kB", text, re.M):
+                if key == "Pss":
+                    pss += int(value)
+                else:
+                    rss += int(value)
         return pss, rss
 
     def run(self):
@@ -180,14 +193,14 @@ def wait_no_serve():
     raise SystemExit("vllm serve did not stop on spark1")
 
 
-def alternate(cmds, rounds):
+def alternate(cmds, rounds, max_rounds, target_half):
     """tokens/s of the collection's server and of the same command hand-launched, alternately on the collection's
-    Ray cluster (C H C H ... C): the machine's drift falls on both sides alike."""
+    Ray cluster (C H C H ... C): the machine's drift falls on both sides alike. At least ``rounds`` rounds, then more
+    until the paired ratio's 95% interval is within +-target_half, or ``max_rounds``."""
     ctl = "/var/lib/multinode-vllm-lab/cache/node-venv/bin/supervisorctl -c /etc/multinode-vllm/supervisord.conf "
-    coll, hand = [], []
-    for _round in range(rounds):
-        time.sleep(SETTLE)
-        coll.append(burst())
+    time.sleep(SETTLE)
+    coll, hand = [burst()], []
+    while len(hand) < max_rounds:
         ssh("spark1", ctl + "stop vllm")
         wait_no_serve()
         hand_vllm(cmds)
@@ -198,8 +211,15 @@ def alternate(cmds, rounds):
         wait_no_serve()
         ssh("spark1", ctl + "start vllm")
         wait_ready("the collection's vLLM")
-    time.sleep(SETTLE)
-    coll.append(burst())
+        time.sleep(SETTLE)
+        coll.append(burst())
+        if len(hand) >= max(rounds, 2):
+            interval = paired_ratio_interval(coll, hand)
+            print("round %d: ratio %.3f, 95%% interval %.3f-%.3f (+-%.1f%%)" % (
+                len(hand), interval["ratio"], interval["low"], interval["high"], 100 * interval["half"]),
+                file=sys.stderr)
+            if interval["half"] <= target_half:
+                break
     return coll, hand
 
 
@@ -225,6 +245,12 @@ def measure(label, start_fn):
     print("%s: first completion after %.1f s, %.2f tokens/s, peak PSS %.2f GiB (RSS %.2f GiB)"
           % (label, first, tps, mem.peak_pss / 2**20, mem.peak_rss / 2**20), file=sys.stderr)
     return {"first": first, "tps": tps, "pss": mem.peak_pss / 2**20, "rss": mem.peak_rss / 2**20}
+
+
+def stamp():
+    """(UTC time to the minute, the short commit): when and at what a benchmark section was measured."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return now, run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
 
 
 def cpu_model():
@@ -268,7 +294,7 @@ def main():
         hands.append(measure("hand", lambda: hand_launch(cmds)))
         playbook("teardown.yml")
         colls.append(measure("collection", lambda: playbook("deploy.yml", "-e", "serve_burst_requests=0")))
-    alt_coll, alt_hand = alternate(cmds, ROUNDS)
+    alt_coll, alt_hand = alternate(cmds, ROUNDS, MAX_ROUNDS, TARGET_HALF)
     print("alternating tokens/s: collection %s, hand %s" % (alt_coll, alt_hand), file=sys.stderr)
     playbook("teardown.yml")
     run([LABCTL, "down"])
@@ -286,6 +312,7 @@ def main():
     ratio_a = coll["first"] / hand["first"]
     tps_c, tps_h = median(alt_coll), median(alt_hand)
     ratio_b = tps_c / tps_h
+    paired = paired_ratio_interval(alt_coll, alt_hand)
     peak = max(coll["pss"], hand["pss"])
 
     def each(runs, key, unit=""):
@@ -315,8 +342,11 @@ def main():
         "- (b) tokens/s: bursts of %d sequential requests of 64 tokens (`ignore_eos`, temperature 0) from the "
         "control node to the API on 198.19.1.10:8000, each %g s after its server answered, total generated tokens / "
         "wall time; same client for both. After (a), on the collection's Ray cluster, the collection's server "
-        "(its supervisord program) and the same command hand-launched take turns, %d rounds (C H C H ... C); "
-        "the ratio is of the medians." % (BURST, SETTLE, ROUNDS),
+        "(its supervisord program) and the same command hand-launched take turns (C H C H ... C), at least %d "
+        "rounds and up to %d, until the paired ratio's 95%% interval is within +-%.0f%%; the ratio is of the "
+        "medians. (b, paired): each hand burst against the mean of the two collection bursts around it; the geometric "
+        "mean of those ratios with Student's t interval on their logs (`_bench.paired_ratio_interval`)."
+        % (BURST, SETTLE, ROUNDS, MAX_ROUNDS, 100 * TARGET_HALF),
         "- (c) peak memory: the largest sum of PSS (RSS in brackets) over every process in the spark1 and spark2 "
         "network namespaces, sampled each second from the first command to the end of the burst.",
         "",
@@ -331,6 +361,9 @@ def main():
         "| (b) tokens/s, median of the alternating bursts | %.2f (%s) | %.2f (%s) | %.2f | >= 0.95: %s |"
         % (tps_c, ", ".join("%.2f" % v for v in alt_coll), tps_h, ", ".join("%.2f" % v for v in alt_hand),
            ratio_b, verdict(ratio_b >= 0.95)),
+        "| (b, paired) tokens/s ratio, %d rounds, 95%% interval | | | %.3f (%.3f-%.3f, +-%.1f%%) | interval "
+        "within +-%.0f%%: %s |" % (paired["rounds"], paired["ratio"], paired["low"], paired["high"],
+                                   100 * paired["half"], 100 * TARGET_HALF, verdict(paired["half"] <= TARGET_HALF)),
         "| (b') tokens/s, one burst right after each deploy of (a), median | %.2f (%s) | %.2f (%s) | %.2f | |"
         % (coll["tps"], each(colls, "tps"), hand["tps"], each(hands, "tps"), coll["tps"] / hand["tps"]),
         "| (c) peak memory, whole 2-node lab | %.2f GiB (RSS %.2f) | %.2f GiB (RSS %.2f) | | < 12 GiB: %s |"

@@ -15,7 +15,6 @@ Leaves the lab down. Prints the section and writes it into docs/benchmarks.md (B
 
 from __future__ import annotations
 
-import datetime
 import os
 import shutil
 import subprocess
@@ -37,13 +36,13 @@ ENVVARS = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PYTHONPATH": str(ROOT /
            "PATH": str(ROOT / ".venv" / "bin") + os.pathsep + os.environ.get("PATH", "")}
 
 
-def play(name, extravars=None):
+def play(name, extravars=None, inventory=INVENTORY):
     """(seconds, profile) of one playbook run through ansible-runner; exits naming the play if it failed."""
     data_dir = tempfile.mkdtemp(prefix="profile-deploy-")
     try:
         t0 = time.monotonic()
         runner = ansible_runner.run(private_data_dir=data_dir, project_dir=str(ROOT),
-                                    playbook=str(ROOT / "playbooks" / name), inventory=INVENTORY,
+                                    playbook=str(ROOT / "playbooks" / name), inventory=str(inventory),
                                     envvars=ENVVARS, extravars=extravars or {}, quiet=True)
         seconds = time.monotonic() - t0
         events = list(runner.events)
@@ -57,8 +56,7 @@ def play(name, extravars=None):
 
 
 def section(runs, load):
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    commit = bench_serve.run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
+    now, commit = bench_serve.stamp()
     out = ["## Deploy profile", "",
            "Command: `make profile` (`tests/bench/profile_deploy.py`), %s at %s, %s, %d cores, load before %s. "
            "Each playbook runs through `ansible_runner.run`; a task's wall time is its first host's start to its "

@@ -84,6 +84,35 @@ def run_playbook(playbook: str, *args: str, inventory: Path | str = LAB_INVENTOR
     return PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
 
 
+def molecule(*args: str, timeout: int = 1800) -> PlaybookRun:
+    """Run molecule from the repo root with the environment make gives it; never raises on failure."""
+    start = time.monotonic()
+    result = subprocess.run([str(BIN / "molecule"), *args], capture_output=True, text=True, env=ansible_env(),
+                            cwd=str(ROOT), timeout=timeout, check=False)
+    return PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
+
+
+def molecule_scenario_kept(scenario: str) -> PlaybookRun:
+    """A molecule scenario's whole test sequence but its last destroy: the cluster it converged, proved idempotent
+    and verified (a completion included) stays up for the calling module's tests.
+
+    test_doctor.py (default), test_serve.py (native), test_docker.py and test_systemd.py start from their scenario
+    this way, so make test runs every scenario once, inside its integration part (it has no molecule part:
+    TEST_LAB_PARTS in the Makefile), instead of deploying the same cluster twice. The caller ends with
+    molecule_destroyed(scenario)."""
+    run = molecule("test", "-s", scenario, "--destroy", "never")
+    assert run.rc == 0, "molecule test -s %s failed: %s" % (scenario, run.why)
+    # Every step of the scenario ran and passed (molecule logs "[<scenario> > <step>] Executed: Successful").
+    for step in ("create", "converge", "idempotence", "verify"):
+        assert "[%s > %s] Executed: Successful" % (scenario, step) in run.output, (step, run.output[-3000:])
+    return run
+
+
+def molecule_destroyed(scenario: str) -> None:
+    run = molecule("destroy", "-s", scenario)
+    assert run.rc == 0, "molecule destroy -s %s failed: %s" % (scenario, run.why)
+
+
 @pytest.fixture(scope="session")
 def lab2():
     """A 2-node lab, brought up if needed (idempotent) and left in place for later tests."""

@@ -8,8 +8,9 @@ After a full deploy (Ray, vllm serve, the firewall): a healthy cluster yields no
 faults made here by hand (a wrong interface in spark2's env file, the incident's head on its management address, a
 vllm serve that crash-loops because another server holds its port, a full filesystem under spark2's model
 directory), doctor's first diagnosis line names the cause; the bundle of every run holds neither the lab's real API
-key nor its Ray token, even where a log line carries both. Each fault is undone before the next (labctl fault clear
-and deploy.yml again where processes were touched; the file or mount put back where nothing ran differently).
+key nor its Ray token, even where a log line carries both. Each fault is undone before the next (labctl fault clear,
+and deploy.yml again where a process was touched or the API stopped completing; the file or mount put back where
+nothing ran differently).
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import API_KEY, LAB_INVENTORY, labctl, record_timing, require_root, run_playbook, wait_for
+from conftest import (API_KEY, LAB_INVENTORY, completion, labctl, molecule_destroyed, molecule_scenario_kept, ray_pids,
+                      record_timing, require_root, run_playbook, serve_pids, wait_for)
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
 RAY = str(VENV / "bin" / "ray")
@@ -49,25 +51,52 @@ def deploy() -> None:
 
 @pytest.fixture(scope="module")
 def served():
-    """The 2-node process lab, deployed and serving; the lab's real secrets (the API key, the Ray token)."""
+    """The 2-node process lab, deployed and serving; the lab's real secrets (the API key, the Ray token).
+
+    The cluster is extensions/molecule/default's, all of it but its last destroy: lab down, syntax, lab up, deploy.yml,
+    deploy.yml again with nothing changed (molecule's idempotence), verify.yml and a completion. make test runs that
+    scenario here, once, instead of deploying the same cluster twice (TEST_LAB_PARTS in the Makefile)."""
     require_root()
-    labctl("up", "2", "--kind", "process")
     labctl("fault", "clear")
-    deploy()
-    secrets = {"api key": API_KEY.read_text().strip(),
-               "ray token": labctl("exec", "spark1", "--", "cat", TOKEN_FILE).strip().splitlines()[-1]}
-    assert all(len(value) >= 16 for value in secrets.values()), "the lab's secrets were not read"
-    yield secrets
-    labctl("fault", "clear")
-    run_playbook("playbooks/teardown.yml")
+    try:
+        molecule_scenario_kept("default")
+        secrets = {"api key": API_KEY.read_text().strip(),
+                   "ray token": labctl("exec", "spark1", "--", "cat", TOKEN_FILE).strip().splitlines()[-1]}
+        assert all(len(value) >= 16 for value in secrets.values()), "the lab's secrets were not read"
+        yield secrets
+        labctl("fault", "clear")
+        result = run_playbook("playbooks/teardown.yml")
+        assert result.rc == 0, result.why
+    finally:
+        # The scenario's destroy (lab down), then a fresh 2-node process lab, as the session's later modules expect.
+        labctl("fault", "clear")
+        molecule_destroyed("default")
+        labctl("up", "2", "--kind", "process")
+
+
+def cluster_processes() -> dict:
+    """Per node, the pids of what a deploy starts and a fault may kill: the raylet, GCS, vllm serve and its engine."""
+    return {host: (ray_pids(host).get("raylet"), ray_pids(host).get("gcs_server"), serve_pids(host))
+            for host in ("spark1", "spark2")}
+
+
+def serves() -> bool:
+    try:
+        return bool(completion())
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 @pytest.fixture
 def restore():
-    """Undo the test's fault, then deploy again so the next test starts from a healthy cluster."""
+    """Undo the test's fault; deploy again where it touched a process (one gone or replaced) or the API no longer
+    completes, so the next test starts from a healthy cluster. The fabric faults (mtu, drop-port, link-down) leave
+    every process as it was: labctl fault clear alone undoes them, and the completion proves it."""
+    before = cluster_processes()
     yield
     labctl("fault", "clear")
-    deploy()
+    if cluster_processes() != before or not serves():
+        deploy()
 
 
 def doctor(tmp_path: Path, secrets: dict, *args: str, inventory: Path | str = LAB_INVENTORY):
@@ -166,25 +195,6 @@ def test_a_wrong_interface_in_the_env_file(served, tmp_path):
         diagnosis["lines"]
 
 
-def test_the_incident_head_on_its_management_address(served, restore, tmp_path):
-    # The incident as users start it by hand: the head without --node-ip-address (Ray picks the default route's
-    # address), the worker joined over the fabric. The collection's Ray and vLLM are torn down first.
-    result = run_playbook("playbooks/teardown.yml")
-    assert result.rc == 0, result.why
-    try:
-        node("spark1", RAY, "start", "--head", "--port", "6379", "--num-gpus", "1")
-        node("spark2", RAY, "start", "--address", "%s:6379" % HEAD_FABRIC, "--node-ip-address", "198.18.200.13",
-             "--num-gpus", "1")
-        diagnosis, _root, _run = doctor(tmp_path, served)
-    finally:
-        for host in ("spark2", "spark1"):
-            labctl("exec", host, "--", RAY, "stop", "--force", check=False)
-    top = diagnosis["findings"][0]
-    assert (top["rule"], top["host"]) == ("ray_not_on_fabric", "spark1"), diagnosis["lines"]
-    assert "spark1: Ray registered this node as %s, outside the fabric 198.18.200.0/24" % HEAD_MGMT \
-        in diagnosis["lines"][0], diagnosis["lines"]
-
-
 def test_a_crash_looping_vllm(served, restore, tmp_path):
     # Another server took the API port while vllm serve was down: every start fails with EADDRINUSE after vLLM's
     # imports, later than supervisord's startsecs, so supervisord restarts it again and again (a process is there at
@@ -227,3 +237,24 @@ def test_a_full_model_disk(served, tmp_path):
     assert (top["rule"], top["host"]) == ("model_disk_full", "spark2"), diagnosis["lines"]
     assert diagnosis["lines"][0].startswith("spark2: the model directory %s has 0 B free of 1.0 MiB" % MODEL_DIR), \
         diagnosis["lines"]
+
+
+def test_the_incident_head_on_its_management_address(served, tmp_path):
+    # The incident as users start it by hand: the head without --node-ip-address (Ray picks the default route's
+    # address), the worker joined over the fabric. The collection's Ray and vLLM are torn down first. Last in the
+    # module, with no restore: nothing after it needs the cluster (the module ends with teardown.yml), which saves a
+    # deploy (about 2 minutes of make test on 2 cores).
+    result = run_playbook("playbooks/teardown.yml")
+    assert result.rc == 0, result.why
+    try:
+        node("spark1", RAY, "start", "--head", "--port", "6379", "--num-gpus", "1")
+        node("spark2", RAY, "start", "--address", "%s:6379" % HEAD_FABRIC, "--node-ip-address", "198.18.200.13",
+             "--num-gpus", "1")
+        diagnosis, _root, _run = doctor(tmp_path, served)
+    finally:
+        for host in ("spark2", "spark1"):
+            labctl("exec", host, "--", RAY, "stop", "--force", check=False)
+    top = diagnosis["findings"][0]
+    assert (top["rule"], top["host"]) == ("ray_not_on_fabric", "spark1"), diagnosis["lines"]
+    assert "spark1: Ray registered this node as %s, outside the fabric 198.18.200.0/24" % HEAD_MGMT \
+        in diagnosis["lines"][0], diagnosis["lines"]

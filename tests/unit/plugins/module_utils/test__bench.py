@@ -21,6 +21,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._bench import (
     load_rows,
     markdown,
     merge_rows,
+    paired_ratio_interval,
     raw_result,
     side_by_side,
     summarize,
@@ -168,3 +169,43 @@ def test_raw_tcp_over_loopback_counts_every_byte():
     receiver.join(20)
     assert sent["bytes"] == got["bytes"] == 8 * 1048576
     assert sent["gbytes_per_s"] > 0 and got["mib"] == 8
+
+
+# The paired ratio of two servers measured in turns (A B A B ... A) and its 95% interval (issue 24's tokens/s).
+
+
+def test_paired_ratio_interval_by_hand():
+    # Rounds 100/95, 100/105, 100/100: log ratios 0.051293, -0.048790, 0; mean 0.000834, sd 0.050047, t(2) 4.303.
+    got = paired_ratio_interval([100, 100, 100, 100], [95, 105, 100])
+    assert got["rounds"] == 3
+    assert got["ratio"] == pytest.approx(1.000834, abs=1e-5)
+    assert (got["low"], got["high"]) == (pytest.approx(0.88382, abs=1e-4), pytest.approx(1.13333, abs=1e-4))
+    assert got["half"] == pytest.approx(0.13238, abs=1e-4)
+    assert got["ratios"] == pytest.approx([100 / 95, 100 / 105, 1.0])
+
+
+def test_paired_ratio_brackets_each_second_value_by_its_neighbours():
+    # A drifts from 100 to 80 over the run and B is always 10% below the A around it: every round says 1/0.9.
+    first = [100.0, 95.0, 90.0, 85.0, 80.0]
+    second = [(first[i] + first[i + 1]) / 2 * 0.9 for i in range(4)]
+    got = paired_ratio_interval(first, second)
+    assert got["ratio"] == pytest.approx(1 / 0.9)
+    assert got["half"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_paired_ratio_interval_narrows_with_more_rounds():
+    noise = [1.02, 0.98, 1.01, 0.99]
+    few = paired_ratio_interval([100.0] * 5, [100.0 / x for x in noise])
+    many = paired_ratio_interval([100.0] * 17, [100.0 / x for x in noise * 4])
+    assert many["half"] < few["half"] / 2, (few["half"], many["half"])
+
+
+@pytest.mark.parametrize("first, second, words", [
+    ([1.0, 2.0], [1.0, 2.0], "A B A B ... A: 2 values of the first, 2 of the second"),
+    ([1.0, 2.0], [1.0], "at least 2 rounds; got 1"),
+    ([1.0, 2.0, 0.0], [1.0, 2.0], "above 0"),
+])
+def test_paired_ratio_interval_refuses_what_it_cannot_compute(first, second, words):
+    with pytest.raises(BenchError) as caught:
+        paired_ratio_interval(first, second)
+    assert words in str(caught.value)

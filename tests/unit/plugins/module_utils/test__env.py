@@ -59,6 +59,8 @@ def test_spark_environment_is_exact(sparks):
         # Holds both halves' addresses (198.18.200.12, 198.18.201.12): NCCL picks each HCA's GID by address.
         "NCCL_IB_ADDR_RANGE": "198.18.200.0/23",
         "UCX_NET_DEVICES": "rocep1s0f1:1,roceP2p1s0f1:1",
+        # Ray stops at once on SIGTERM instead of draining for 30 s (node_environment says why).
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
     }
 
 
@@ -140,6 +142,7 @@ def test_host_without_rdma(layout):
         "TP_SOCKET_IFNAME": "eth0",
         "NCCL_SOCKET_IFNAME": "=eth0",
         "UCX_NET_DEVICES": "eth0",
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "VLLM_CONFIG_ROOT": "/etc/v",
     }
 
@@ -302,6 +305,14 @@ def test_unified_memory_turns_ray_memory_monitor_off(sparks):
     assert "RAY_memory_monitor_refresh_ms" not in _envs(sparks, unified_memory=True, backend="native")["spark1"]
     # Not a key vLLM carries to the workers (not listed as per-host either).
     assert "RAY_memory_monitor_refresh_ms" not in non_carry_over_keys(envs)
+
+
+def test_ray_drain_on_sigterm_is_off_for_ray_only_and_extra_may_set_it(sparks):
+    assert _envs(sparks)["spark2"]["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
+    assert "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S" not in _envs(sparks, backend="native")["spark1"]
+    envs = _envs(sparks, extra={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "5"})
+    assert envs["spark1"]["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "5"
+    assert "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S" not in non_carry_over_keys(envs)
 
 
 def test_unified_memory_extra_may_set_the_monitor(sparks):

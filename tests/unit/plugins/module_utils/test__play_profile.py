@@ -61,7 +61,8 @@ def test_overlapping_tasks_are_not_counted_twice():
 
 
 def test_no_result_events_give_an_empty_profile():
-    assert profile([{"event": "playbook_on_start"}]) == {"tasks": [], "roles": {}, "wall": 0.0, "in_tasks": 0.0,
+    assert profile([{"event": "playbook_on_start"}]) == {"tasks": [], "roles": {}, "plays": [], "wall": 0.0,
+                                                         "in_tasks": 0.0,
                                                          "between": 0.0}
 
 
@@ -73,3 +74,15 @@ def test_markdown_lists_slowest_first_and_escapes_table_bars():
     assert body[1].startswith("| Read fabric facts | fabric | 2.00 | 2 | spark2 (1.90) |")
     assert "| Probe pairs |" not in text  # top=2
     assert "| fabric | 4.00 | 2 |" in text and "| ray | 3.20 | 2 |" in text
+
+
+def test_plays_are_timed_first_task_start_to_last_task_end_in_play_order():
+    def in_play(item, play, uuid):
+        item = dict(item, event_data=dict(item["event_data"], play=play, play_uuid=uuid))
+        return item
+    events = [in_play(e, "Fabric preflight", "p1") for e in EVENTS[1:4]] + \
+        [in_play(e, "Start the Ray head", "p2") for e in EVENTS[5:8]]
+    assert profile(events)["plays"] == [
+        {"play": "Fabric preflight", "wall": 3.0, "tasks": 2},
+        {"play": "Start the Ray head", "wall": 4.0, "tasks": 2},
+    ]
