@@ -32,9 +32,13 @@ tmp_root_dir = $work
 EOF
 cd "$work"
 # Only the extracted tarball: no repo ansible.cfg, no link to the working tree; the importer venv's
-# ansible-doc, ansible-lint and flake8 first on PATH.
+# ansible-doc, ansible-lint and flake8 first on PATH. An ANSIBLE_HOME of its own: ansible-lint resolves
+# multinode.vllm.* through the default collections path too, and make test's molecule scenarios reinstall this
+# collection into ~/.ansible/collections while the importer runs beside them (a role's file then goes missing
+# mid-lint: "load-failure[filenotfounderror] .../roles/doctor/vars/main.yml", the CI failure of stop 33).
+mkdir -p "$work/ansible-home"
 set +e
-env -u ANSIBLE_CONFIG -u PYTHONPATH -u ANSIBLE_COLLECTIONS_PATH PATH="$ibin:$PATH" \
+env -u ANSIBLE_CONFIG -u PYTHONPATH -u ANSIBLE_COLLECTIONS_PATH PATH="$ibin:$PATH" ANSIBLE_HOME="$work/ansible-home" \
   GALAXY_IMPORTER_CONFIG="$work/galaxy-importer.cfg" \
   "$ibin/python" -m galaxy_importer.main "$tarball" >"$work/importer.log" 2>&1
 rc=$?
