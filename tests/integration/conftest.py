@@ -75,21 +75,22 @@ def ansible_env() -> dict:
     return env
 
 
-def run_playbook(playbook: str, *args: str, inventory: Path | str = LAB_INVENTORY, timeout: int = 600) -> PlaybookRun:
-    """Run a playbook of this repo against the lab; never raises on failure."""
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook), *args]
+def _run_ansible_tool(cmd: list[str], timeout: int) -> PlaybookRun:
+    """Run an ansible tool of the venv from the repo root with the environment make gives it; never raises on failure."""
     start = time.monotonic()
     result = subprocess.run(cmd, capture_output=True, text=True, env=ansible_env(), cwd=str(ROOT),
                             timeout=timeout, check=False)
     return PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
 
 
+def run_playbook(playbook: str, *args: str, inventory: Path | str = LAB_INVENTORY, timeout: int = 600) -> PlaybookRun:
+    """Run a playbook of this repo against the lab; never raises on failure."""
+    return _run_ansible_tool([str(BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / playbook), *args], timeout)
+
+
 def molecule(*args: str, timeout: int = 1800) -> PlaybookRun:
-    """Run molecule from the repo root with the environment make gives it; never raises on failure."""
-    start = time.monotonic()
-    result = subprocess.run([str(BIN / "molecule"), *args], capture_output=True, text=True, env=ansible_env(),
-                            cwd=str(ROOT), timeout=timeout, check=False)
-    return PlaybookRun(result.returncode, result.stdout + result.stderr, time.monotonic() - start)
+    """Run molecule from the repo root; never raises on failure."""
+    return _run_ansible_tool([str(BIN / "molecule"), *args], timeout)
 
 
 def molecule_scenario_kept(scenario: str) -> PlaybookRun:
