@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from ansible_collections.multinode.vllm.plugins.module_utils import _jobs
 from ansible_collections.multinode.vllm.plugins.module_utils._jobs import (
     JOB_FILE,
     RESULT_FILE,
@@ -97,6 +98,23 @@ def test_a_killed_job_is_lost_not_running(tmp_path):
     os.kill(job["pid"], signal.SIGKILL)
     state, record = wait_for(job_dir)
     assert state == "lost" and record["pid"] == job["pid"] and not os.path.exists(os.path.join(job_dir, RESULT_FILE))
+
+
+def test_a_job_that_ends_between_the_two_reads_is_done_not_lost(tmp_path, monkeypatch):
+    """The race CI hit once: the result was not there yet, then the process was gone. A stand-in for
+    process_start makes that interleaving certain (a real one lines up only now and then): it writes the
+    result, as the job does just before it exits, and reports the process gone."""
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    write_json(str(job_dir / JOB_FILE), {"pid": os.getpid(), "pid_start": process_start(os.getpid())})
+
+    def ends_now(pid):
+        write_json(str(job_dir / RESULT_FILE), {"changed": True})
+        return None
+
+    monkeypatch.setattr(_jobs, "process_start", ends_now)
+    state, record = job_state(str(job_dir))
+    assert state == "done" and record["result"] == {"changed": True}
 
 
 def test_a_reused_pid_is_not_taken_for_the_job(tmp_path):
