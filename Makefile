@@ -144,8 +144,11 @@ molecule: setup system-deps lab-runtime lab-image ## The molecule scenarios over
 	cd $(CURDIR) && for scenario in $(MOLECULE_SCENARIOS); do $(BIN)/molecule test -s $$scenario || exit 1; done
 
 # The parts CI runs. The lab parts run one after the other in the foreground. The parts that need no lab run beside
-# them, one after the other, at the lowest CPU and I/O priority (nice 19, ionice idle): they take the CPU the lab
-# leaves idle (SSH round trips, polling, sleeps) and yield it to the lab at once, so a lab test is not slowed down.
+# them, one after the other, at the lowest CPU and I/O priority (nice 19, ionice idle), to take the CPU the lab leaves
+# idle (SSH round trips, polling, sleeps). With the kernel's autogroup scheduling (Debian's default) nice counts only
+# inside a session, and the lab's processes run in sessions of their own, so the side parts still take a share from a
+# busy lab (a deploy 135 s beside make check, 125-134 s with the side in a nice-10 autogroup); a lower autogroup nice
+# starved the unit tests' time bounds instead (docs/benchmarks.md, "What make test costs").
 # Each side part's output goes to .cache/make-test-logs/<part>.log (its tail is printed if it fails); the seconds of
 # every part are printed at the end and kept in .cache/make-test-times.txt (docs/benchmarks.md, "What make test costs").
 TEST_SIDE_PARTS := check docs sanity matrix build importer
