@@ -84,6 +84,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._serve_failure impo
     likely_cause,
     meaningful_line,
     serve_starts,
+    since_ready,
 )
 from ansible_collections.multinode.vllm.plugins.module_utils._stack import StackError, stack_problems
 
@@ -338,7 +339,9 @@ def rule_vllm_crashed(ctx: Context) -> list[Problem]:
         return []
     hosts = [h for h in _serve_hosts(ctx) if ctx.node(h).get("ray_node") is not None]
     down = [h for h in hosts if not (ctx.node(h).get("ray_node") or {}).get("serve_pid")]
-    tails = {h: list((ctx.node(h).get("logs") or {}).get("vllm") or []) for h in ctx.reachable()}
+    whole = {h: list((ctx.node(h).get("logs") or {}).get("vllm") or []) for h in ctx.reachable()}
+    # Only what was logged since vLLM last served counts: a start that waited, then served, left no failure.
+    tails = {h: since_ready(t) for h, t in whole.items() if t}
     tails = {h: t for h, t in tails.items() if t}
     looping = [h for h in hosts if h not in down and fatal_line(tails.get(h) or [])]
     if not down and not looping:
@@ -347,11 +350,11 @@ def rule_vllm_crashed(ctx: Context) -> list[Problem]:
     where = " and ".join(down)
     symptom = "vllm serve is not running on %s" % where if down else \
         "vllm serve failed on %s and runs again (its supervisor restarts it; %s)" % (
-            " and ".join(looping), ", ".join("%d start(s) in %s's log tail" % (serve_starts(tails[h]), h)
+            " and ".join(looping), ", ".join("%d start(s) in %s's log tail" % (serve_starts(whole[h]), h)
                                              for h in looping))
     if cause is not None:
         return [cause_problem(cause, symptom)]
-    last = "; ".join("%s: %s" % (h, meaningful_line(t)) for h, t in sorted(tails.items()) if meaningful_line(t))
+    last = "; ".join("%s: %s" % (h, meaningful_line(t)) for h, t in sorted(whole.items()) if meaningful_line(t))
     return [Problem("vllm_crashed", "vllm serve is not running%s" % (" (last log lines: %s)" % last if last else ""),
                     "it exited or was killed, and its log names no known cause",
                     "read the vLLM log tail in the bundle; start it again with playbooks/serve.yml", host=h)

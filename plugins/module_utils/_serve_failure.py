@@ -154,6 +154,21 @@ def serve_starts(lines: Sequence[str]) -> int:
     return sum(1 for line in lines if _SERVE_START.search(line))
 
 
+# The API server's line once a start has succeeded ("[entry.py:140] Starting vLLM server on http://...", as vLLM
+# 0.32.0 logs it on the lab), and uvicorn's own.
+_SERVE_READY = re.compile(r"Starting vLLM server on |Application startup complete")
+
+
+def since_ready(lines: Sequence[str]) -> list[str]:
+    """The lines after the last start that became ready; the whole tail when it holds none.
+
+    What a start logged before it served (a placement group it waited for while a worker's Ray came back, say) is
+    not a failure of what runs now, and a failure since then (a crash, then a supervisor's restarts) is all after
+    it."""
+    last = max((i for i, line in enumerate(lines) if _SERVE_READY.search(line)), default=-1)
+    return list(lines[last + 1:])
+
+
 def this_start(lines: Sequence[str]) -> list[str]:
     """The lines of the latest start (from its banner on); the whole tail when it holds no banner (a Ray log, or a
     tail that begins after it). An earlier start's failure is then not read as this start's."""

@@ -379,6 +379,30 @@ def test_a_running_vllm_whose_log_holds_no_failure_is_no_finding(tail):
     assert not [p for p in diagnose(data) if p.rule.startswith("vllm_")]
 
 
+# PG_WAIT recorded on the lab (a CI run's test_doctor, 2026-12-07: the head's start waited for its placement group
+# while spark2's Ray came back after a reboot, then served); READY and the EngineDeadError line modelled on the lab's
+# vllm.log of vLLM 0.32.0 (the pid and time changed).
+PG_WAIT = ("(EngineCore pid=3231) INFO 12-07 12:30:10 [ray_utils.py:467] Waiting for creating a placement group of "
+           "specs for 10 seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}].")
+READY = "(APIServer pid=3180) INFO 12-07 12:30:31 [entry.py:140] Starting vLLM server on http://198.19.1.10:8000"
+
+
+def test_a_start_that_waited_for_its_placement_group_then_served_is_no_finding():
+    data = healthy()
+    data["nodes"]["spark1"]["logs"]["vllm"] = [
+        START, "ERROR 12-07 12:29:40 [core.py:708] EngineDeadError: the engine core died", START, PG_WAIT, READY]
+    assert not [p for p in diagnose(data) if p.rule.startswith("vllm_")]
+
+
+def test_a_crash_loop_after_a_start_that_waited_is_named_by_the_loop_not_the_wait():
+    # The same log, then the API port taken and supervisord's restarts failing on it: the wait is not the cause.
+    data = healthy()
+    data["nodes"]["spark1"]["logs"]["vllm"] = [START, PG_WAIT, READY, START, EADDRINUSE, START]
+    top = first(data)
+    assert (top.rule, top.host) == ("vllm_address_in_use", "spark1")
+    assert "3 start(s) in spark1's log tail" in top.symptom
+
+
 def test_a_killed_vllm_without_a_cause_in_its_log():
     data = healthy()
     data["nodes"]["spark1"]["ray_node"]["serve_pid"] = None
