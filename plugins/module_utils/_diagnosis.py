@@ -341,7 +341,7 @@ def rule_vllm_crashed(ctx: Context) -> list[Problem]:
     down = [h for h in hosts if not (ctx.node(h).get("ray_node") or {}).get("serve_pid")]
     whole = {h: list((ctx.node(h).get("logs") or {}).get("vllm") or []) for h in ctx.reachable()}
     # Only what was logged since vLLM last served counts: a start that waited, then served, left no failure.
-    tails = {h: since_ready(t) for h, t in whole.items() if t}
+    tails = {h: since_ready(t) for h, t in whole.items()}
     tails = {h: t for h, t in tails.items() if t}
     looping = [h for h in hosts if h not in down and fatal_line(tails.get(h) or [])]
     if not down and not looping:

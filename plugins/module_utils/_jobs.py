@@ -85,17 +85,15 @@ def job_state(job_dir: str) -> tuple[str, dict[str, Any]]:
     job = read_json(os.path.join(job_dir, JOB_FILE))
     if not isinstance(job, dict):
         return "none", {}
+    # Whether it lives is read before its result: the job writes its result before it exits, so one found gone has
+    # left its result already. Read the other way round, a job that ended between the two reads was called lost
+    # (CI saw it once).
+    start = process_start(job.get("pid"))
     result = read_json(os.path.join(job_dir, RESULT_FILE))
     if isinstance(result, dict):
         return "done", dict(job, result=result)
-    start = process_start(job.get("pid"))
     if start is not None and start == job.get("pid_start"):
         return "running", job
-    # The job writes its result before it exits, so it may have ended between the read above and this check:
-    # read again before calling it lost (CI once saw "lost" for a job that had just finished).
-    result = read_json(os.path.join(job_dir, RESULT_FILE))
-    if isinstance(result, dict):
-        return "done", dict(job, result=result)
     return "lost", job
 
 
