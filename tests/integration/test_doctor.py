@@ -8,9 +8,9 @@ After a full deploy (Ray, vllm serve, the firewall): a healthy cluster yields no
 faults made here by hand (a wrong interface in spark2's env file, the incident's head on its management address, a
 vllm serve that crash-loops because another server holds its port, a full filesystem under spark2's model
 directory), doctor's first diagnosis line names the cause; the bundle of every run holds neither the lab's real API
-key nor its Ray token, even where a log line carries both. Each fault is undone before the next (labctl fault clear,
-and deploy.yml again where a process was touched or the API stopped completing; the file or mount put back where
-nothing ran differently).
+key nor its Ray token, even where a log line carries both. Each fault is undone before the next (labctl fault clear;
+the programs started again from the deployed sections where a process was touched or the API stopped completing, and
+deploy.yml only if that does not bring a completion back; the file or mount put back where nothing ran differently).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import (API_KEY, LAB_INVENTORY, completion, labctl, molecule_destroyed, molecule_scenario_kept, ray_pids,
-                      record_timing, require_root, run_playbook, serve_pids, wait_for)
+from conftest import (API_KEY, LAB_INVENTORY, completion, labctl, molecule_destroyed, molecule_scenario_kept,
+                      netns_processes, ray_pids, record_timing, require_root, run_playbook, serve_pids, wait_for)
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
 RAY = str(VENV / "bin" / "ray")
@@ -87,15 +87,33 @@ def serves() -> bool:
         return False
 
 
+def supervisord_runs(host: str) -> bool:
+    return any("bin/supervisord" in text for _pid, _name, text in netns_processes(host))
+
+
 @pytest.fixture
 def restore():
-    """Undo the test's fault; deploy again where it touched a process (one gone or replaced) or the API no longer
-    completes, so the next test starts from a healthy cluster. The fabric faults (mtu, drop-port, link-down) leave
-    every process as it was: labctl fault clear alone undoes them, and the completion proves it."""
+    """Undo the test's fault, so the next test starts from a healthy cluster. The fabric faults (mtu, drop-port,
+    link-down) leave every process as it was: labctl fault clear alone undoes them, and the completion proves it.
+    Where a process went (the process lab's reboot kills every process of the node, supervisord too) or the API
+    stopped completing (a crash loop), the programs are started again from the sections the deploy left, as an
+    operator would (supervisord where it is gone, its run directory made again; `supervisorctl start` where it
+    runs), and the cluster must complete again: the head's vllm serve, restarted by supervisord, waits for its
+    placement group until the worker's raylet is back. Only if it does not complete within 240 s is deploy.yml run
+    (docs/benchmarks.md, "What make test costs": this restore against a deploy)."""
     before = cluster_processes()
     yield
     labctl("fault", "clear")
-    if cluster_processes() != before or not serves():
+    if cluster_processes() == before and serves():
+        return
+    for host in ("spark1", "spark2"):
+        if supervisord_runs(host):
+            labctl("exec", host, "--", *SUPERVISORCTL, "start", "all", check=False)
+        else:
+            # The reboot emptied /run, where the deploy made supervisord's run directory.
+            labctl("exec", host, "--", "install", "-d", "-m", "0700", "/run/multinode-vllm")
+            labctl("exec", host, "--", str(VENV / "bin" / "supervisord"), "-c", "/etc/multinode-vllm/supervisord.conf")
+    if not wait_for(serves, 240, every=3):
         deploy()
 
 
