@@ -63,7 +63,8 @@ def test_incident_is_caught_by_verify(lab):
     deadline = time.monotonic() + 60
     while True:
         status = node_exec("spark1", RAY, "status", "--address", "%s:6379" % HEAD_FABRIC)
-        active = status.split("Active:", 1)[1].split("Pending:", 1)[0]
+        # Right after the start the autoscaler has reported nothing yet ("No cluster status."): not yet, look again.
+        active = status.split("Active:", 1)[1].split("Pending:", 1)[0] if "Active:" in status else ""
         if len(re.findall(r"node_[0-9a-f]+", active)) == 2 or time.monotonic() > deadline:
             break
         time.sleep(2)
