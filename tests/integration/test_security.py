@@ -105,7 +105,8 @@ def test_ray_refuses_a_client_without_the_token(cluster):
     assert "InvalidAuthToken" in out, out[-2000:]
     out = node_exec("spark2", "env", "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN_PATH=" + TOKEN, "timeout", "60", ray,
                     "status", "--address", "198.18.200.12:6379")
-    assert len(re.findall(r"node_[0-9a-f]+", out.split("Active:", 1)[1].split("Pending:", 1)[0])) == 2, out
+    assert "Active:" in out and len(re.findall(r"node_[0-9a-f]+", out.split("Active:", 1)[1].split("Pending:", 1)[0])) \
+        == 2, out
 
 
 def test_a_mismatched_token_is_named_by_verify(cluster):
