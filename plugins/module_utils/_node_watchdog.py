@@ -445,8 +445,9 @@ def status_line(state: Optional[Mapping[str, Any]]) -> str:
 
 CONFIG_KEYS = ("api_url", "api_key_file", "model", "expected_nodes", "ray_nodes_command", "steps", "state_file",
                "lock_file", "operator_stop_file", "generation", "max_tokens", "prompt", "policy")
-_REQUIRED = ("api_url", "model", "expected_nodes", "ray_nodes_command", "steps", "state_file", "lock_file",
-             "operator_stop_file")
+# expected_nodes and ray_nodes_command go together: backend native runs no Ray, so its watchdog leaves both out and
+# judges the completion alone.
+_REQUIRED = ("api_url", "model", "steps", "state_file", "lock_file", "operator_stop_file")
 
 
 def _argv(value: Any, what: str) -> list:
@@ -481,16 +482,20 @@ def config_from_dict(values: Any, what: str = "watchdog config") -> dict:
             raise PolicyError("%s.%s must be an absolute path; got %r" % (what, key, path))
     if not isinstance(config["model"], str):
         raise PolicyError("%s.model must be the served model's name; got %r" % (what, config["model"]))
-    nodes = config["expected_nodes"]
-    if not isinstance(nodes, list) or not nodes:
-        raise PolicyError("%s.expected_nodes must be the list of every node's fabric address; got %r" % (what, nodes))
-    for index, addr in enumerate(nodes):
-        try:
-            ipaddress.ip_address(addr)
-        except (ValueError, TypeError):
-            raise PolicyError("%s.expected_nodes[%d] must be a fabric IP address; got %r" % (
-                what, index, addr)) from None
-    config["ray_nodes_command"] = _argv(config["ray_nodes_command"], what + ".ray_nodes_command")
+    nodes, reader = config.get("expected_nodes"), config.get("ray_nodes_command")
+    if reader in (None, "", []) and nodes in (None, []):
+        config["expected_nodes"], config["ray_nodes_command"] = [], None
+    else:
+        if not isinstance(nodes, list) or not nodes:
+            raise PolicyError("%s.expected_nodes must be the list of every node's fabric address (with "
+                              "ray_nodes_command; leave both out where no Ray runs); got %r" % (what, nodes))
+        for index, addr in enumerate(nodes):
+            try:
+                ipaddress.ip_address(addr)
+            except (ValueError, TypeError):
+                raise PolicyError("%s.expected_nodes[%d] must be a fabric IP address; got %r" % (
+                    what, index, addr)) from None
+        config["ray_nodes_command"] = _argv(reader, what + ".ray_nodes_command")
     steps = config["steps"]
     if not isinstance(steps, Mapping) or sorted(steps) != sorted(STEPS):
         raise PolicyError("%s.steps must have exactly the keys %s (each a list of commands, [] for none); got %r" % (
@@ -691,11 +696,31 @@ def probe(config: Mapping[str, Any], api_key: Optional[str]) -> dict:
 
     worker = threading.Thread(target=ask, daemon=True)
     worker.start()
-    ray = read_ray_table(config["ray_nodes_command"], config["expected_nodes"], policy.ray_timeout_s)
+    ray = None
+    if config.get("ray_nodes_command"):
+        ray = read_ray_table(config["ray_nodes_command"], config["expected_nodes"], policy.ray_timeout_s)
     worker.join(policy.completion_timeout_s + 5)
     completion = box.get("completion") or {"result": "timeout", "status": None, "timeout_s":
                                            policy.completion_timeout_s, "detail": "the request did not end"}
     return {"completion": completion, "ray": ray}
+
+
+def wait_for_nodes(config: Mapping[str, Any], seconds: float, clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> Optional[str]:
+    """The recovery's check: read Ray's node table until every expected node is alive on its fabric address, for up
+    to ``seconds``. None when it is (or no Ray runs: no ``ray_nodes_command``), else what is wrong (``ray_cause``'s
+    detail), so a recovery stops before it restarts vLLM into a group that cannot form."""
+    if not config.get("ray_nodes_command"):
+        return None
+    deadline = clock() + seconds
+    while True:
+        found = ray_cause(read_ray_table(config["ray_nodes_command"], config["expected_nodes"],
+                                         config["policy"].ray_timeout_s))
+        if found is None:
+            return None
+        if clock() >= deadline:
+            return "%s: %s (waited %s s)" % (found[0], found[1], seconds)
+        sleep(min(1.0, max(0.0, deadline - clock())))
 
 
 def load_state(path: str) -> dict:
@@ -774,6 +799,29 @@ def take_deploy_lock(path: str, now: float) -> tuple:
         _release(fd)
         return None, "lease of %s until %s" % (lease.get("holder", "?"), _ts(lease["until"]))
     return fd, None
+
+
+def write_lease(path: str, seconds: float, holder: str, wait_s: float = 900.0, now: Callable[[], float] = time.time,
+                sleep: Callable[[float], None] = time.sleep) -> Optional[str]:
+    """What a deploy or teardown does to pause the watchdog: take the deploy lock (waiting up to ``wait_s`` for a
+    recovery in progress, which holds it), write a lease ``{"holder", "until"}`` for ``seconds`` (0: clear it, the
+    run is over) and let go. None when written, else why not (the lock stayed held)."""
+    deadline = now() + wait_s
+    while True:
+        fd = _try_flock(path)
+        if fd is not None:
+            break
+        if now() >= deadline:
+            return "the deploy lock %s stayed held for %s s (a recovery in progress?): %s" % (
+                path, wait_s, _lock_holder(path))
+        sleep(0.5)
+    try:
+        text = json.dumps({"holder": holder, "until": now() + seconds}) + "\n" if seconds > 0 else ""
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, text.encode("utf-8"), 0)
+    finally:
+        _release(fd)
+    return None
 
 
 def operator_stop(path: str) -> Optional[str]:
@@ -893,10 +941,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="multinode-watchdog", description="Whole-group recovery watchdog.")
     parser.add_argument("--config", required=True, help="the JSON config file")
     parser.add_argument("--once", action="store_true", help="one check (for a timer), then exit")
+    parser.add_argument("--check-ray", type=float, metavar="SECONDS",
+                        help="the recovery's check step: wait up to SECONDS for every expected node in Ray's node "
+                             "table, exit 1 naming what is missing")
+    parser.add_argument("--lease", type=float, metavar="SECONDS",
+                        help="pause the watchdog for SECONDS (a deploy's lease in the lock file; 0 clears it), "
+                             "waiting for a recovery in progress first")
+    parser.add_argument("--holder", default="a deploy", help="who holds the lease (with --lease)")
+    parser.add_argument("--probe", action="store_true",
+                        help="one probe, printed as JSON (the completion, Ray's node table, the state file), acting "
+                             "on nothing (playbooks/status.yml)")
     args = parser.parse_args(argv)
     log = Logger()
     try:
         config = load_config(args.config)
+        if args.probe:
+            api_key = read_api_key(config.get("api_key_file"))
+            seen = probe(config, api_key)
+            found = health_cause(seen)
+            report = {"healthy": found is None, "cause": found[0] if found else None,
+                      "detail": found[1] if found else "", "completion": seen["completion"], "ray": seen["ray"],
+                      "state": load_state(config["state_file"]),
+                      "status": status_line(load_state(config["state_file"]))}
+            sys.stdout.write(json.dumps(redact_tree(report, [api_key or ""])) + "\n")
+            return 0
+        if args.lease is not None:
+            problem = write_lease(config["lock_file"], args.lease, args.holder,
+                                  wait_s=config["policy"].step_timeout_s * len(STEPS) + config["policy"].settle_timeout_s)
+            log("lease", holder=args.holder, seconds=args.lease, result="ok" if problem is None else "failed",
+                detail=problem)
+            return 0 if problem is None else 1
+        if args.check_ray is not None:
+            problem = wait_for_nodes(config, args.check_ray)
+            log("check-ray", result="ok" if problem is None else "failed", detail=problem)
+            return 0 if problem is None else 1
         if args.once:
             try:
                 run_once(config, log)

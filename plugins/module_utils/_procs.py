@@ -204,6 +204,15 @@ def is_serve(cmdline: Sequence[str]) -> bool:
     return False
 
 
+WATCHDOG_SCRIPT = "multinode-watchdog"
+
+
+def is_watchdog(cmdline: Sequence[str]) -> bool:
+    """``<python> .../multinode-watchdog --config ...`` in its loop (not a ``--once`` or ``--check-ray`` run)."""
+    return any(part.endswith("/" + WATCHDOG_SCRIPT) for part in cmdline[:4]) and "--config" in cmdline and \
+        "--check-ray" not in cmdline and "--once" not in cmdline
+
+
 def serve_tree(procs: Mapping[int, Any], me: int) -> tuple[Optional[int], list[int]]:
     """(main vllm serve pid or None, every pid of the serve process trees) among procs (one network namespace)."""
     roots = sorted(p.pid for p in procs.values() if is_serve(p.cmdline) and p.pid != me)
@@ -317,6 +326,11 @@ def node_state(pidfile: str, proc_root: str = "/proc") -> dict[str, Any]:
     state["serve_managed"] = serve_pid is not None and sup is not None and sup in ancestors(serve_pid, procs)
     state["serve_ours_pids"] = [pid for pid in serve_pids
                                 if (sup is not None and sup in ancestors(pid, procs)) or carries_hash(pid, proc_root)]
+    # The head's watchdog (serve_watchdog_enabled), and whether our supervisord runs it.
+    watchdogs = sorted(p.pid for p in procs.values() if is_watchdog(p.cmdline) and p.pid != me)
+    state["watchdog_pid"] = watchdogs[0] if watchdogs else None
+    state["watchdog_managed"] = bool(watchdogs) and sup is not None and any(
+        sup in ancestors(pid, procs) for pid in watchdogs)
     if raylets:
         raylet = raylets[0]
         env = read_environ(raylet.pid, proc_root)

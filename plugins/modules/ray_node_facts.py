@@ -85,6 +85,8 @@ ansible_facts:
         serve_pid: {description: "The main C(vllm serve) process in this network namespace; null when none.", type: int}
         serve_pids: {description: "Every process of the C(vllm serve) trees here.", type: list, elements: int}
         serve_managed: {description: The main C(vllm serve) process descends from this node's supervisord., type: bool}
+        watchdog_pid: {description: "The watchdog's loop (C(multinode-watchdog --config)); null when none runs here.", type: int}
+        watchdog_managed: {description: The watchdog descends from this node's supervisord., type: bool}
         auth_token_file:
           description: "With O(auth_token_file): path, exists, sha256 (never the token), valid (>= 32 characters, no
             whitespace), mode (V(0600)) and uid."

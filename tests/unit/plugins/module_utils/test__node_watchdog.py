@@ -328,6 +328,39 @@ def test_a_lease_in_the_lock_file_pauses_until_it_expires(setup):
     assert run(config)[0].action == "ok"
 
 
+def test_a_deploy_pauses_the_watchdog_with_the_program_and_clears_the_lease_at_its_end(setup):
+    config_file = setup["tmp"] / "watchdog.json"
+    config_file.write_text(json.dumps(setup["config"]))
+    config = checked(setup)
+    os.makedirs(os.path.dirname(config["lock_file"]))
+
+    def lease(seconds):
+        return subprocess.run([sys.executable, "-I", wd.__file__, "--config", str(config_file), "--lease", seconds,
+                               "--holder", "deploy.yml from ctl1"], capture_output=True, text=True, timeout=60,
+                              check=False)
+
+    assert lease("600").returncode == 0
+    decision, _out = run(config)
+    assert decision.action == "paused" and "lease of deploy.yml from ctl1" in decision.reason
+    assert setup["api"].requests == []                 # paused: the API is not even asked
+    assert lease("0").returncode == 0
+    with open(config["lock_file"]) as handle:
+        assert handle.read() == ""
+    assert run(config)[0].action == "ok"
+
+
+def test_a_lease_waits_for_a_recovery_holding_the_lock_and_says_so_when_it_stays_held(setup):
+    config = checked(setup)
+    holder = hold_lock(config["lock_file"], "recovery")
+    try:
+        started = time.monotonic()
+        problem = wd.write_lease(config["lock_file"], 600, "deploy.yml", wait_s=1.0)
+    finally:
+        release(holder, config["lock_file"])
+    assert problem is not None and "stayed held for 1.0 s" in problem and time.monotonic() - started >= 1.0
+    assert wd.write_lease(config["lock_file"], 600, "deploy.yml", wait_s=1.0) is None
+
+
 def test_an_operator_stop_marker_pauses_the_watchdog(setup):
     config = checked(setup, policy=dict(setup["config"]["policy"], failure_threshold=1))
     with open(config["operator_stop_file"], "w") as handle:
@@ -414,6 +447,67 @@ def test_the_program_refuses_a_bad_config_and_says_why(tmp_path):
     assert proc.returncode == 2 and "missing" in proc.stdout
 
 
+@pytest.mark.parametrize("node_table", ["complete", "spark2 gone"])
+def test_the_check_step_waits_for_every_node_in_ray_and_names_a_missing_one(setup, node_table):
+    # The recovery's check step: the program itself with --check-ray, against the real node-table command.
+    if node_table != "complete":
+        setup["nodes"](NODES[:1])
+    config_file = setup["tmp"] / "watchdog.json"
+    config_file.write_text(json.dumps(setup["config"]))
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-I", wd.__file__, "--config", str(config_file), "--check-ray", "1.5"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    if node_table == "complete":
+        assert proc.returncode == 0 and " check-ray result=ok" in proc.stdout, proc.stdout + proc.stderr
+    else:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "node_left: %s is not alive in Ray's node table (waited 1.5 s)" % NODES[1] in proc.stdout
+        assert time.monotonic() - started >= 1.5
+
+
+def test_a_node_that_comes_back_within_the_wait_passes_the_check(setup):
+    setup["nodes"](NODES[:1])
+    config = checked(setup)
+    seen = []
+
+    def sleep(seconds):
+        seen.append(seconds)
+        setup["nodes"](NODES)           # the worker's raylet rejoined while the check waited
+
+    assert wd.wait_for_nodes(config, 30, sleep=sleep) is None and len(seen) == 1
+
+
+def test_without_ray_the_watchdog_judges_the_completion_alone(setup):
+    # Backend native runs no Ray: no node table command and no expected nodes; the check step has nothing to wait for.
+    config = checked(setup, expected_nodes=None, ray_nodes_command=None)
+    assert config["ray_nodes_command"] is None and config["expected_nodes"] == []
+    decision, _out = run(config)
+    assert decision.action == "ok" and wd.wait_for_nodes(config, 5) is None
+    setup["api"].mode("500")
+    assert run(config)[0].cause == "api_error"
+
+
+def test_expected_nodes_without_a_node_table_command_is_refused(setup):
+    with pytest.raises(wd.PolicyError, match="ray_nodes_command must be a command"):
+        checked(setup, ray_nodes_command=None)
+    with pytest.raises(wd.PolicyError, match="expected_nodes must be the list of every node's fabric address"):
+        checked(setup, expected_nodes=[])
+
+
 def test_redact_removes_the_key_and_bearer_values():
     assert wd.redact("Authorization: Bearer abc123, key %s" % KEY, [KEY]) == \
         "Authorization: Bearer <redacted>, key <redacted>"
+
+
+def test_the_probe_for_status_reports_health_the_table_and_the_state_and_acts_on_nothing(setup):
+    config_file = setup["tmp"] / "watchdog.json"
+    config_file.write_text(json.dumps(setup["config"]))
+    setup["nodes"](NODES[:1])
+    proc = subprocess.run([sys.executable, "-I", wd.__file__, "--config", str(config_file), "--probe"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (report["healthy"], report["cause"]) == (False, "node_left"), report
+    assert report["ray"]["missing"] == [NODES[1]] and report["completion"]["result"] == "ok"
+    assert report["status"] == "no check yet; no recovery yet" and KEY not in proc.stdout
+    assert not os.path.exists(setup["config"]["state_file"]) and steps_run(setup) == []

@@ -180,6 +180,24 @@ def test_serve_processes_under_our_supervisord_and_left_over(proc_root, tmp_path
     assert (state["serve_pid"], state["serve_pids"], state["serve_managed"]) == (50, [50, 51], True)
 
 
+def test_the_watchdog_loop_under_our_supervisord_and_its_one_off_runs(proc_root, tmp_path):
+    pidfile = str(tmp_path / "supervisord.pid")
+    managed_node(proc_root, pidfile)
+    script = "/var/lib/multinode-vllm/bin/multinode-watchdog"
+    # The recovery's check step (a child of the loop) and a --once run are not the loop.
+    write_proc(proc_root, 80, 1, "python", [VENV + "/bin/python", script, "--config", "/c.json", "--check-ray", "120"],
+               MINE)
+    write_proc(proc_root, 81, 1, "python", [VENV + "/bin/python", script, "--config", "/c.json", "--once"], MINE)
+    state = node_state(pidfile, proc_root)
+    assert (state["watchdog_pid"], state["watchdog_managed"]) == (None, False)
+    write_proc(proc_root, 82, 1, "python", [VENV + "/bin/python", script, "--config", "/c.json"], MINE)
+    assert (node_state(pidfile, proc_root)["watchdog_pid"], node_state(pidfile, proc_root)["watchdog_managed"]) == \
+        (82, False)
+    write_proc(proc_root, 83, 10, "python", [VENV + "/bin/python", script, "--config", "/c.json"], MINE)
+    state = node_state(pidfile, proc_root)
+    assert state["watchdog_managed"] is True
+
+
 def test_a_serve_process_started_by_hand_is_not_managed(proc_root, tmp_path):
     write_proc(proc_root, 70, 1, "vllm", [VENV + "/bin/vllm", "serve", "/m", "--headless"], MINE)
     state = node_state(str(tmp_path / "none.pid"), proc_root)

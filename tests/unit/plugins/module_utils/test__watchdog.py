@@ -25,6 +25,7 @@ from ansible_collections.multinode.vllm.plugins.module_utils._watchdog import (
     new_state,
     ray_table,
     status_line,
+    watchdog_config,
 )
 
 NODES = ["198.18.200.11", "198.18.200.12"]
@@ -382,3 +383,63 @@ def test_a_bad_config_names_the_key_and_the_value(extra, words):
         check_config(_config(**extra))
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+# --- the head's config, per runtime and backend -------------------------------------------------------------------------
+
+CTL = ["/opt/venv/bin/supervisorctl", "-c", "/etc/multinode-vllm/supervisord.conf"]
+
+
+def head_config(runtime="process", backend="ray", **changes):
+    values = dict(api_url="http://198.19.1.10:8000/", model="tiny", python="/opt/venv/bin/python",
+                  script="/var/lib/multinode-vllm/bin/multinode-watchdog", config_file="/etc/multinode-vllm/watchdog.json",
+                  state_file="/var/lib/multinode-vllm/watchdog/state.json",
+                  lock_file="/var/lib/multinode-vllm/watchdog/deploy.lock",
+                  operator_stop_file="/etc/multinode-vllm/watchdog.stop", api_key_file="/etc/multinode-vllm/vllm-api.env",
+                  expected_nodes=NODES, ray_reader="/var/lib/multinode-vllm/bin/multinode-ray-reader",
+                  gcs_address="198.18.200.11:6379", supervisorctl=CTL,
+                  units={"vllm": "multinode-vllm.service", "ray": "multinode-ray.service"}, generation="abc",
+                  policy={"interval_s": 10})
+    values.update(changes)
+    return watchdog_config(runtime, backend, **values)
+
+
+def test_the_process_config_restarts_vllm_after_the_check_through_supervisorctl():
+    config = head_config()
+    assert config["steps"] == {
+        "stop": [CTL + ["stop", "vllm"]],
+        "check": [["/opt/venv/bin/python", "/var/lib/multinode-vllm/bin/multinode-watchdog", "--config",
+                   "/etc/multinode-vllm/watchdog.json", "--check-ray", "120"]],
+        "start_head": [CTL + ["start", "ray"]],
+        "start_workers": [],
+        "start_vllm": [CTL + ["start", "vllm"]],
+    }
+    assert config["ray_nodes_command"] == ["/opt/venv/bin/python", "/var/lib/multinode-vllm/bin/multinode-ray-reader",
+                                           "198.18.200.11:6379", "5"]
+    assert config["api_url"] == "http://198.19.1.10:8000" and config["policy"]["interval_s"] == 10.0
+    # What the node script reads back is the same config (JSON round trip, the node's own check).
+    assert check_config(json.loads(json.dumps(config)))["steps"] == config["steps"]
+
+
+def test_the_systemd_config_uses_the_units_and_native_has_no_ray():
+    config = head_config("systemd", "native")
+    assert config["steps"]["stop"] == [["systemctl", "stop", "multinode-vllm.service"]]
+    assert config["steps"]["start_vllm"] == [["systemctl", "start", "multinode-vllm.service"]]
+    assert config["steps"]["check"] == [] and config["steps"]["start_head"] == []
+    assert config["ray_nodes_command"] is None and config["expected_nodes"] == []
+    ray = head_config("systemd", "ray")
+    assert ray["steps"]["start_head"] == [["systemctl", "start", "multinode-ray.service"]]
+
+
+@pytest.mark.parametrize("runtime, backend, changes, words", [
+    ("docker", "ray", {}, "the watchdog runs under multinode_runtime process or systemd; got 'docker'"),
+    ("process", "ray", {"supervisorctl": []}, "needs the supervisorctl command line"),
+    ("systemd", "ray", {"units": {"vllm": "multinode-vllm.service"}}, "needs the unit name of ray"),
+    ("process", "ray", {"gcs_address": ""}, "backend ray: the watchdog needs the node table reader"),
+    ("process", "ray", {"policy": {"interval": 5}}, "unknown key interval"),
+    ("process", "ray", {"state_file": "state.json"}, "state_file must be an absolute path; got 'state.json'"),
+])
+def test_a_config_the_node_would_refuse_is_refused_here_naming_it(runtime, backend, changes, words):
+    with pytest.raises(WatchdogError, match=None) as info:
+        head_config(runtime, backend, **changes)
+    assert words in str(info.value)
