@@ -18,7 +18,7 @@ export PYTHONPATH := $(COLLECTIONS)
 include lab/lab.mk
 include lab/lab-runtime.mk
 
-.PHONY: help setup system-deps check unit lint docs docs-lock changelog sanity sanity-deps matrix matrix-lock build importer importer-lock test integration molecule lock clean demo demo-down bench bench-runtimes bench-growth profile lab-runtime
+.PHONY: help setup system-deps check unit lint docs docs-lock changelog sanity sanity-deps matrix matrix-lock build importer importer-lock test integration molecule lock clean demo demo-down bench bench-runtimes bench-layouts bench-growth profile lab-runtime
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -221,6 +221,9 @@ bench: setup system-deps lab-runtime ## Serve benchmark on the lab (collection v
 
 bench-runtimes: setup system-deps lab-runtime lab-image ## Deploy to first completion per runtime (process, docker, systemd) vs hand-launched; writes docs/benchmarks.md (section Runtimes)
 	.venv/bin/python tests/bench/bench_runtimes.py
+
+bench-layouts: setup system-deps lab-runtime ## bench.yml over TP=2 across the 2 lab nodes vs one replica per node (TP=1 each, benched at once); writes docs/benchmarks.md (section Layouts)
+	.venv/bin/python tests/bench/bench_layouts.py
 
 bench-growth: setup system-deps lab-runtime ## Every gate's time against the node count (NODES="2 4 8 16 32", no serve); writes docs/benchmarks.md (section Growth with the node count) and docs/benchmarks-growth.svg
 	.venv/bin/python tests/bench/bench_growth.py
