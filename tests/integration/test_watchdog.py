@@ -29,7 +29,8 @@ VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
 STATE = "/var/lib/multinode-vllm/watchdog/state.json"
 WATCHDOG_LOG = "/var/log/multinode-vllm/watchdog.log"
 # Detection bound: interval 5 s, two failed checks, a 10 s completion timeout (25 s, inside the issue's 30 s).
-POLICY = {"interval_s": 5, "completion_timeout_s": 10, "failure_threshold": 2, "grace_s": 60}
+# A budget of 10 within the hour: the module's faults follow one another on one cluster.
+POLICY = {"interval_s": 5, "completion_timeout_s": 10, "failure_threshold": 2, "grace_s": 60, "max_recoveries": 10}
 WATCHDOG = ("-e", json.dumps({"serve_watchdog_enabled": True, "serve_watchdog_policy": POLICY}))
 
 pytestmark = [
@@ -80,14 +81,46 @@ def test_deploy_runs_the_watchdog_under_the_heads_supervisord_and_a_second_deplo
     assert "Ray: every node of 198.18.200.12, 198.18.200.13 alive on its fabric address" in status.output
 
 
+def recoveries() -> list[dict]:
+    return state().get("recoveries") or []
+
+
+def pids_named(node: str, prefix: str) -> list[int]:
+    return [pid for pid, name, _text in netns_processes(node) if name.startswith(prefix)]
+
+
+# The three kills measured before the watchdog (issue 21): vLLM fails fast, the node's supervisor restarts what died,
+# Ray places the rank again. Kept as regression tests with the watchdog on: each ends in a completion with no operator
+# action, and the watchdog restarts the group at most once for it (no storm).
+KILLS = [("spark1", "VLLM::EngineCor"), ("spark2", "ray::RayWorker"), ("spark2", "raylet")]
+
+
+@pytest.mark.parametrize("node, prefix", KILLS, ids=["engine-core", "worker-rank", "worker-raylet"])
+def test_a_killed_process_comes_back_to_a_completion(served, node, prefix):
+    victims = pids_named(node, prefix)
+    assert victims, netns_processes(node)
+    completion()
+    before = len(recoveries())
+    killed = time.monotonic()
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    back = first_completion_after(killed, 600)
+    record_timing("watchdog_kill_%s_to_completion" % prefix.strip(":").lower(), back)
+    # Whatever restarted it, it stays up: a minute later it still answers, and the watchdog acted at most once.
+    time.sleep(30)
+    completion()
+    assert len(recoveries()) - before <= 1, recoveries()[before:]
+
+
 def test_a_hung_rank_is_detected_and_the_group_restarted_with_no_operator_action(served):
-    ranks = [pid for pid, name, _text in netns_processes("spark2") if name.startswith("ray::RayWorker")]
+    ranks = pids_named("spark2", "ray::RayWorker")
     assert len(ranks) == 1, netns_processes("spark2")
     completion()
+    before = len(recoveries())
     hung = time.monotonic()
     os.kill(ranks[0], signal.SIGSTOP)
     try:
-        assert wait_for(lambda: len(state().get("recoveries") or []) >= 1, 60, every=1), state()
+        assert wait_for(lambda: len(recoveries()) > before, 60, every=1), state()
         detected = time.monotonic() - hung
         back = first_completion_after(hung, 600)
     finally:
@@ -97,18 +130,36 @@ def test_a_hung_rank_is_detected_and_the_group_restarted_with_no_operator_action
     record_timing("watchdog_hung_rank_detected", detected)
     record_timing("watchdog_hung_rank_to_completion", back)
     record_timing("watchdog_cold_start", served["cold_start_s"])
-    rec = state()["recoveries"][0]
+    rec = recoveries()[before]
     assert rec["cause"] == "completion_hung", rec
     assert detected <= 30, "the hung rank was acted on after %.1f s (bound 30 s)" % detected
-    assert wait_for(lambda: (state()["recoveries"][-1].get("outcome") == "recovered"), 120), state()
+    assert wait_for(lambda: recoveries()[before].get("outcome") == "recovered", 120), state()
     assert back <= 1.5 * served["cold_start_s"] + detected, (back, served["cold_start_s"], detected)
     assert not os.path.exists("/proc/%d" % ranks[0]), "the stopped rank outlived the recovery"
     log = labctl("exec", "spark1", "--", "cat", WATCHDOG_LOG)
     steps = re.findall(r" recovery-step step=(\w+) cause=completion_hung program=(\S+) rc=0", log)
-    assert [s for s, _program in steps] == ["stop", "check", "start_head", "start_vllm"], log[-3000:]
+    assert [s for s, _program in steps][-4:] == ["stop", "check", "start_head", "start_vllm"], log[-3000:]
     status = run_playbook("playbooks/status.yml")
     assert "last recovery" in status.output and "for completion_hung: recovered in" in status.output, \
         status.output[-3000:]
+
+
+def test_a_fabric_link_down_for_20_s_causes_no_restart_storm(served):
+    completion()
+    before = len(recoveries())
+    down = time.monotonic()
+    labctl("fault", "link-down", "spark2")
+    try:
+        time.sleep(20)
+    finally:
+        labctl("fault", "clear")
+    back = first_completion_after(down, 600)
+    record_timing("watchdog_link_down_20s_to_completion", back)
+    time.sleep(30)
+    completion()
+    made = recoveries()[before:]
+    assert len(made) <= 2, made
+    assert all(r.get("outcome") in ("recovered", None) for r in made[-1:]), made
 
 
 def test_teardown_removes_the_watchdog_first(served):
