@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 import urllib.error
@@ -238,3 +239,42 @@ def assert_verify_names_the_incident(*args: str) -> None:
     assert verify.rc != 0
     assert "spark1: Ray registered this node as 198.19.1.10, outside the fabric 198.18.200.0/24" in verify.output, \
         verify.output[-3000:]
+
+
+# The head's watchdog (docs/watchdog.md), as its lab tests turn it on: interval 5 s, two failed checks, a 10 s
+# completion timeout (acted on within 25 s, inside issue 21's 30 s); a budget of 10 within the hour, as a module's
+# faults follow one another on one cluster.
+WATCHDOG_STATE = "/var/lib/multinode-vllm/watchdog/state.json"
+WATCHDOG_POLICY = {"interval_s": 5, "completion_timeout_s": 10, "failure_threshold": 2, "grace_s": 60,
+                   "max_recoveries": 10}
+WATCHDOG_ON = ("-e", json.dumps({"serve_watchdog_enabled": True, "serve_watchdog_policy": WATCHDOG_POLICY}))
+
+
+def watchdog_state() -> dict:
+    return json.loads(labctl("exec", "spark1", "--", "cat", WATCHDOG_STATE))
+
+
+def watchdog_recoveries() -> list[dict]:
+    return watchdog_state().get("recoveries") or []
+
+
+def hang_a_rank(node: str = "spark2") -> dict:
+    """SIGSTOP the node's Ray worker rank (it hangs without dying); wait for the watchdog to act and for a completion.
+    Returns the seconds to detection (the recovery recorded) and to the first completion, the rank's pid, and the
+    recovery's record once it ended."""
+    ranks = [pid for pid, name, _text in netns_processes(node) if name.startswith("ray::RayWorker")]
+    assert len(ranks) == 1, netns_processes(node)
+    completion()
+    before = len(watchdog_recoveries())
+    hung = time.monotonic()
+    os.kill(ranks[0], signal.SIGSTOP)
+    try:
+        assert wait_for(lambda: len(watchdog_recoveries()) > before, 60), watchdog_state()
+        detected = time.monotonic() - hung
+        back = first_completion_after(hung, 600)
+        assert wait_for(lambda: watchdog_recoveries()[before].get("outcome") is not None, 120), watchdog_state()
+    finally:
+        # Ray ends a stopped rank with SIGKILL once its driver is gone; one still here is let go.
+        if os.path.exists("/proc/%d" % ranks[0]):
+            os.kill(ranks[0], signal.SIGCONT)
+    return {"detected": detected, "back": back, "rank": ranks[0], "recovery": watchdog_recoveries()[before]}

@@ -16,12 +16,13 @@ import time
 
 import pytest
 
-from conftest import (FABRIC, LABCTL, assert_verify_names_the_incident, completion, first_completion_after, labctl,
-                      molecule_destroyed, molecule_scenario_kept, ray_pids, raylet_node_ip, record_timing,
-                      run_playbook, serve_pids, wait_for)
+from conftest import (FABRIC, LABCTL, WATCHDOG_ON, assert_verify_names_the_incident, completion, first_completion_after,
+                      hang_a_rank, labctl, molecule_destroyed, molecule_scenario_kept, ray_pids, raylet_node_ip, recap,
+                      record_timing, run_playbook, serve_pids, wait_for)
 
 SYSTEMD = ("-e", "multinode_runtime=systemd")
-UNITS = ("multinode-ray.service", "multinode-vllm.service", "multinode-vllm-firewall.service")
+UNITS = ("multinode-ray.service", "multinode-vllm.service", "multinode-vllm-firewall.service",
+         "multinode-watchdog.service")
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root (network namespaces, sshd, dockerd)"),
@@ -127,6 +128,22 @@ def test_a_worker_reboot_is_survived_with_no_operator_action(lab):
 
 def test_a_head_reboot_is_survived_with_no_operator_action(lab):
     _reboot_and_come_back("spark1")
+
+
+def test_the_watchdog_unit_recovers_a_hung_rank_with_no_operator_action(lab):
+    # The deploy only adds the watchdog's unit (Ray and vLLM keep running); the switch below removes it again
+    # (serve_watchdog_enabled is false in the lab inventory).
+    run = run_playbook("playbooks/deploy.yml", *SYSTEMD, *WATCHDOG_ON, timeout=900)
+    assert run.rc == 0, run.why
+    assert {host: counts["changed"] for host, counts in recap(run.output).items()}["spark2"] == 0, recap(run.output)
+    assert units("spark1")["multinode-watchdog.service"]["ActiveState"] == "active", units("spark1")
+    hung = hang_a_rank("spark2")
+    record_timing("systemd: watchdog, hung rank detected", hung["detected"])
+    record_timing("systemd: watchdog, hung rank to first completion", hung["back"])
+    assert (hung["recovery"]["cause"], hung["recovery"]["outcome"]) == ("completion_hung", "recovered"), hung
+    assert hung["detected"] <= 30, hung
+    journal = node_run("spark1", "journalctl", "-u", "multinode-watchdog.service", "--no-pager").stdout
+    assert "recovery-step step=start_vllm cause=completion_hung program=systemctl rc=0" in journal, journal[-3000:]
 
 
 def test_switching_backends_leaves_nothing_of_the_other_running(lab):
