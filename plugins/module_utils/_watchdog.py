@@ -113,10 +113,10 @@ def watchdog_config(
     one too (Ray kills the workers of a driver that is gone). Backend native: no Ray to check or start.
     """
     if runtime not in WATCHDOG_RUNTIMES:
-        raise WatchdogError("serve_watchdog_enabled: the watchdog runs under multinode_runtime %s; got %r (under "
-                            "docker the containers' restart policy restarts a dead vllm serve, a hung one is not "
-                            "recovered yet: set serve_watchdog_enabled false)" % (" or ".join(WATCHDOG_RUNTIMES),
-                                                                                runtime))
+        raise WatchdogError(
+            "serve_watchdog_enabled: the watchdog runs under multinode_runtime %s; got %r (under docker the "
+            "containers' restart policy restarts a dead vllm serve, a hung one is not recovered yet: set "
+            "serve_watchdog_enabled false)" % (" or ".join(WATCHDOG_RUNTIMES), runtime))
     if backend not in ("ray", "native"):
         raise WatchdogError("vllm_backend must be ray or native; got %r" % (backend,))
     if runtime == "process":

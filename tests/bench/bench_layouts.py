@@ -88,7 +88,8 @@ def main() -> int:
     OUT.mkdir(parents=True)
     lab = ROOT / "inventories" / "lab"
     started = datetime.datetime.now(datetime.timezone.utc)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=False).stdout
     subprocess.run([str(LABCTL), "down"], check=False, capture_output=True)
     subprocess.run([str(LABCTL), "up", "2", "--kind", "process"], check=True, capture_output=True)
     try:
@@ -97,7 +98,7 @@ def main() -> int:
         run(lab, "teardown")
         inventories = {node: single_node_inventory(node) for node in NODES}
         for node, inv in inventories.items():
-            run(inv, "deploy", "-e", "vllm_tensor_parallel_size=1")
+            run(inv, "deploy", "-e", '{"vllm_tensor_parallel_size": 1, "ray_verify_tensor_parallel_size": 1}')
         benches = [playbook(inv, "bench", "-e", "bench_label=replica-%s" % node, "-e",
                             "bench_results_dir=%s" % (OUT / ("replica-" + node)), "-e", "bench_tcp_mib=0")
                    for node, inv in inventories.items()]
@@ -117,8 +118,8 @@ def main() -> int:
                 "Command (root, from the repo root; leaves the lab down): `make bench-layouts` (= "
                 "`tests/bench/bench_layouts.py`). Measured %s at %s on %s (%d cores). bench.yml's default cases; TP=2 "
                 "is the lab inventory (backend ray, spark1 and spark2); each replica is a one-node cluster (TP=1, "
-                "its own head), both benched at the same time." % (started.strftime("%Y-%m-%d %H:%M UTC"),
-                                                                      commit.strip(), cpu, os.cpu_count()),
+                "its own head), both benched at the same time." % (
+                    started.strftime("%Y-%m-%d %H:%M UTC"), commit.strip(), cpu, os.cpu_count()),
                 "", *lines, ""]
         text = DOC.read_text()
         if SECTION in text:
