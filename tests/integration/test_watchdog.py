@@ -13,6 +13,7 @@ status.yml then names the recovery. teardown.yml removes the watchdog first, so 
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (WATCHDOG_ON, completion, first_completion_after, hang_a_rank, labctl, netns_processes, recap,
-                      record_timing, require_root, run_playbook, serve_pids, torn_down_lab, wait_for,
+from conftest import (WATCHDOG_ON, completion, first_completion_after, hang_a_rank, labctl, netns_processes, ray_pids,
+                      recap, record_timing, require_root, run_playbook, serve_pids, torn_down_lab, wait_for,
                       watchdog_recoveries, watchdog_state)
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
@@ -89,6 +90,43 @@ def test_deploy_runs_the_watchdog_under_the_heads_supervisord_and_a_second_deplo
     assert "serving: healthy (a completion in" in said, status.output[-3000:]
     assert "Ray: every node of 198.18.200.12, 198.18.200.13 alive on its fabric address" in said, status.output[-3000:]
     assert "watchdog: healthy (checked" in said and "spark2: Ray raylet pid" in said, status.output[-3000:]
+
+
+# Issue 21, part 3: spark2's Gloo, TP and NCCL pinned to its management NIC, as host_vars might put them.
+BAD_ENV = ("-e", json.dumps({"node_env_overrides": "{{ {'GLOO_SOCKET_IFNAME': 'eth0', 'TP_SOCKET_IFNAME': 'eth0', "
+                                                   "'NCCL_SOCKET_IFNAME': '=eth0'} if inventory_hostname == 'spark2' "
+                                                   "else {} }}"}))
+
+
+def test_a_bad_redeploy_fails_before_anything_restarts_and_the_cluster_keeps_serving(served):
+    """The candidate configuration: the changed env file is proven beside the live one; it fails naming spark2 and
+    eth0, nothing running restarted, the live env file is as it was, the watchdog guards again; a good redeploy after
+    it changes nothing."""
+    def running() -> tuple:
+        return (ray_pids("spark1"), ray_pids("spark2"), serve_pids("spark1"), watchdog_pids("spark1"))
+
+    def live_env() -> str:
+        return labctl("exec", "spark2", "--", "cat", "/etc/multinode-vllm/node.env")
+
+    before, env_before = running(), live_env()
+    bad = run_playbook("playbooks/deploy.yml", *WATCHDOG_ON, *BAD_ENV)
+    assert bad.rc != 0
+    said = " ".join(bad.output.split())
+    assert "The candidate configuration failed, so nothing running was touched" in said, bad.output[-4000:]
+    assert "This run would change the env file of spark2." in said, bad.output[-4000:]
+    assert "GLOO_SOCKET_IFNAME=eth0 selects interface eth0 (198.19.2.10), not the fabric address 198.18.200.13" \
+        in said, bad.output[-4000:]
+    assert "Start the Ray head on its fabric address" not in said, "the deploy went past the candidate"
+    completion()
+    assert running() == before and live_env() == env_before
+    assert labctl("exec", "spark2", "--", "ls", "/etc/multinode-vllm").split().count("node.env.candidate") == 0
+    assert labctl("exec", "spark1", "--", "cat", "/var/lib/multinode-vllm/watchdog/deploy.lock").strip() == ""
+    good = run_playbook("playbooks/deploy.yml", *WATCHDOG_ON)
+    assert good.rc == 0, good.why
+    assert {host: counts["changed"] for host, counts in recap(good.output).items()} == {
+        "localhost": 0, "spark1": 0, "spark2": 0}, good.output[-3000:]
+    assert running() == before
+    completion()
 
 
 def pids_named(node: str, prefix: str) -> list[int]:
