@@ -258,12 +258,49 @@ def watchdog_recoveries() -> list[dict]:
     return watchdog_state().get("recoveries") or []
 
 
+def _node_watchdog():
+    """The watchdog's own node script (stdlib only), loaded by path: the settle wait below uses its policy rules."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("lab_node_watchdog", ROOT / "plugins/module_utils/_node_watchdog.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def watchdog_acts_at_once_after(limit: float = 240) -> float:
+    """Wait until the head's watchdog would act on a new fault without delay: no recovery open, its grace period
+    over, and no backoff left from the recoveries earlier tests caused (the longest the policy allows, no jitter).
+    Returns the seconds waited. A fault timed from before then measures the policy's deliberate waits, not the
+    detection (a recovery by the previous test leaves 60 s of grace)."""
+    nw = _node_watchdog()
+    policy = nw.policy_from_dict(WATCHDOG_POLICY)
+    started = time.monotonic()
+
+    def ready() -> bool:
+        state = watchdog_state()
+        now = time.time()
+        if any(r.get("finished") is None for r in state.get("recoveries") or []):
+            return False
+        if state.get("grace_until") is not None and now < float(state["grace_until"]):
+            return False
+        recent = nw._in_budget(state, now, policy)
+        if recent:
+            last = max(float(r["finished"]) for r in recent)
+            if now < last + nw.backoff_delay(policy, len(recent), lambda: 0.0):
+                return False
+        return True
+
+    assert wait_for(ready, limit, every=2), ("the watchdog did not settle within %d s" % limit, watchdog_state())
+    return time.monotonic() - started
+
+
 def hang_a_rank(node: str = "spark2") -> dict:
     """SIGSTOP the node's Ray worker rank (it hangs without dying); wait for the watchdog to act and for a completion.
     Returns the seconds to detection (the recovery recorded) and to the first completion, the rank's pid, and the
     recovery's record once it ended."""
     ranks = [pid for pid, name, _text in netns_processes(node) if name.startswith("ray::RayWorker")]
     assert len(ranks) == 1, netns_processes(node)
+    watchdog_acts_at_once_after()
     completion()
     before = len(watchdog_recoveries())
     hung = time.monotonic()
