@@ -258,6 +258,39 @@ def watchdog_recoveries() -> list[dict]:
     return watchdog_state().get("recoveries") or []
 
 
+def pids_named(node: str, prefix: str) -> list[int]:
+    """The pids of the node's processes whose name starts with ``prefix`` (``ray::RayWorker``, ``raylet``)."""
+    return [pid for pid, name, _text in netns_processes(node) if name.startswith(prefix)]
+
+
+# The three kills measured before the watchdog (issue 21): vLLM fails fast, the node's supervisor (supervisord,
+# systemd, docker's restart policy) restarts what died, Ray places the rank again.
+KILLS = [("spark1", "VLLM::EngineCor"), ("spark2", "ray::RayWorker"), ("spark2", "raylet")]
+KILL_IDS = ["engine-core", "worker-rank", "worker-raylet"]
+
+
+def kill_and_come_back(node: str, prefix: str, label: str = "") -> float:
+    """SIGKILL the node's processes named ``prefix``; return the seconds to the first completion after. What was
+    killed must be back as a new process and stay up (a completion 30 s later), and the watchdog (on, as its tests
+    deploy it) must have restarted the group at most once for it (no storm)."""
+    victims = pids_named(node, prefix)
+    assert victims, netns_processes(node)
+    completion()
+    before = len(watchdog_recoveries())
+    killed = time.monotonic()
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    back = first_completion_after(killed, 600)
+    record_timing("%swatchdog_kill_%s_to_completion" % (label, prefix.strip(":").lower()), back)
+    # A raylet's death does not stop serving at once: its node's rank answers until Ray notices, and the node's
+    # supervisor starts Ray again.
+    assert wait_for(lambda: set(pids_named(node, prefix)) - set(victims), 300), (node, prefix, netns_processes(node))
+    time.sleep(30)
+    completion()
+    assert len(watchdog_recoveries()) - before <= 1, watchdog_recoveries()[before:]
+    return back
+
+
 def _node_watchdog():
     """The watchdog's own node script (stdlib only), loaded by path: the settle wait below uses its policy rules."""
     import importlib.util

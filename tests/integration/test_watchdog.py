@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (WATCHDOG_ON, completion, first_completion_after, hang_a_rank, labctl, netns_processes, ray_pids,
-                      recap, record_timing, require_root, run_playbook, serve_pids, torn_down_lab, wait_for,
-                      watchdog_recoveries, watchdog_state)
+from conftest import (KILL_IDS, KILLS, WATCHDOG_ON, WATCHDOG_POLICY, completion, first_completion_after, hang_a_rank,
+                      kill_and_come_back, labctl, netns_processes, pids_named, ray_pids, recap, record_timing,
+                      require_root, run_playbook, serve_pids, torn_down_lab, wait_for, watchdog_recoveries,
+                      watchdog_state)
 
 VENV = Path("/var/lib/multinode-vllm-lab/cache/node-venv")
 WATCHDOG_LOG = "/var/log/multinode-vllm/watchdog.log"
@@ -129,34 +130,11 @@ def test_a_bad_redeploy_fails_before_anything_restarts_and_the_cluster_keeps_ser
     completion()
 
 
-def pids_named(node: str, prefix: str) -> list[int]:
-    return [pid for pid, name, _text in netns_processes(node) if name.startswith(prefix)]
-
-
-# The three kills measured before the watchdog (issue 21): vLLM fails fast, the node's supervisor restarts what died,
-# Ray places the rank again. Kept as regression tests with the watchdog on: each ends in a completion with no operator
-# action, and the watchdog restarts the group at most once for it (no storm).
-KILLS = [("spark1", "VLLM::EngineCor"), ("spark2", "ray::RayWorker"), ("spark2", "raylet")]
-
-
-@pytest.mark.parametrize("node, prefix", KILLS, ids=["engine-core", "worker-rank", "worker-raylet"])
+# The three kills, kept as regression tests with the watchdog on: each ends in a completion with no operator action,
+# and the watchdog restarts the group at most once for it (no storm).
+@pytest.mark.parametrize("node, prefix", KILLS, ids=KILL_IDS)
 def test_a_killed_process_comes_back_to_a_completion(served, node, prefix):
-    victims = pids_named(node, prefix)
-    assert victims, netns_processes(node)
-    completion()
-    before = len(watchdog_recoveries())
-    killed = time.monotonic()
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
-    back = first_completion_after(killed, 600)
-    record_timing("watchdog_kill_%s_to_completion" % prefix.strip(":").lower(), back)
-    # What was killed is back, a new process (a raylet's death does not stop serving at once: its node's rank
-    # answers until Ray notices, and spark2's supervisord starts Ray again).
-    assert wait_for(lambda: set(pids_named(node, prefix)) - set(victims), 300), (node, prefix, netns_processes(node))
-    # Whatever restarted it, it stays up: a minute later it still answers, and the watchdog acted at most once.
-    time.sleep(30)
-    completion()
-    assert len(watchdog_recoveries()) - before <= 1, watchdog_recoveries()[before:]
+    kill_and_come_back(node, prefix)
 
 
 def test_a_hung_rank_is_detected_and_the_group_restarted_with_no_operator_action(served):
@@ -192,6 +170,48 @@ def test_a_fabric_link_down_for_20_s_causes_no_restart_storm(served):
     made = watchdog_recoveries()[before:]
     assert len(made) <= 2, made
     assert all(r.get("outcome") in ("recovered", None) for r in made[-1:]), made
+
+
+MODEL = "/var/lib/multinode-vllm-lab/cache/models/tiny-qwen2"
+
+
+def test_a_watchdog_that_cannot_recover_stops_after_its_budget_and_says_why(served):
+    """spark2's model directory gone (an empty tmpfs over it in spark2's own mount namespace; the host's copy, the
+    lab's cache, stays), then spark2's Ray worker rank killed: the group can only come back by loading the model,
+    which spark2 cannot. With a budget of 2 recoveries (each given 40 s to answer) the watchdog tries twice, then gives
+    up and stays given up; status.yml says why. A deploy after the fault is mended resets it and serves."""
+    budget = dict(WATCHDOG_POLICY, max_recoveries=2, settle_timeout_s=40, backoff_base_s=5, grace_s=10)
+    small = run_playbook("playbooks/deploy.yml", "-e",
+                         json.dumps({"serve_watchdog_enabled": True, "serve_watchdog_policy": budget}))
+    assert small.rc == 0, small.why
+    completion()
+    labctl("exec", "spark2", "--", "mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "lab-no-model", MODEL)
+    try:
+        assert labctl("exec", "spark2", "--", "ls", "-A", MODEL).strip() == ""
+        assert (Path(MODEL) / "config.json").exists(), "the tmpfs reached the host's mount namespace"
+        for pid in pids_named("spark2", "ray::RayWorker"):
+            os.kill(pid, signal.SIGKILL)
+        assert wait_for(lambda: watchdog_state().get("gave_up"), 600, every=5), watchdog_state()
+        state = watchdog_state()
+        made = [r for r in state["recoveries"] if r["started"] >= float(state["budget_since"])]
+        assert [r["outcome"] for r in made] == ["failed", "failed"], made
+        reason = state["gave_up"]["reason"]
+        assert "2 recoveries within 3600 s (the budget, max_recoveries 2) did not keep the group healthy" in reason, \
+            reason
+        # Given up means no more tries: the group stays down and nothing is started for it.
+        time.sleep(20)
+        assert len(watchdog_recoveries()) == len(state["recoveries"]), watchdog_recoveries()[-3:]
+        said = " ".join(run_playbook("playbooks/status.yml").output.split())
+        assert "serving: FAILING" in said and "GAVE UP at" in said and "max_recoveries 2" in said, said[-3000:]
+        assert "No more recoveries until a deploy resets the watchdog" in said, said[-3000:]
+    finally:
+        labctl("exec", "spark2", "--", "umount", MODEL)
+    mended = run_playbook("playbooks/deploy.yml", *WATCHDOG_ON)
+    assert mended.rc == 0, mended.why
+    completion()
+    # The deploy paused it; its first check after the pause's end starts the budget afresh.
+    assert wait_for(lambda: watchdog_state()["gave_up"] is None
+                    and (watchdog_state().get("last_action") or {}).get("action") == "ok", 90), watchdog_state()
 
 
 def test_teardown_removes_the_watchdog_first(served):
