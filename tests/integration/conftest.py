@@ -51,10 +51,14 @@ def require_root() -> None:
         pytest.skip("the lab needs root (network namespaces, sshd)")
 
 
+def lab_var(name: str):
+    """A variable of the lab inventory's group_vars/all.yml, as written there."""
+    return yaml.safe_load((LAB_INVENTORY / "group_vars" / "all.yml").read_text())[name]
+
+
 def node_python() -> str:
     """The lab nodes' Python (torch, Ray, vLLM): the inventory's multinode_venv."""
-    data = yaml.safe_load((LAB_INVENTORY / "group_vars" / "all.yml").read_text())
-    return data["multinode_venv"] + "/bin/python"
+    return lab_var("multinode_venv") + "/bin/python"
 
 
 def labctl(*args: str, check: bool = True) -> str:
@@ -300,14 +304,13 @@ def _node_watchdog():
     return module
 
 
-def watchdog_acts_at_once_after(limit: float = 240) -> float:
+def wait_until_the_watchdog_acts_at_once(limit: float = 240) -> None:
     """Wait until the head's watchdog would act on a new fault without delay: no recovery open, its grace period
     over, and no backoff left from the recoveries earlier tests caused (the longest the policy allows, no jitter).
-    Returns the seconds waited. A fault timed from before then measures the policy's deliberate waits, not the
-    detection (a recovery by the previous test leaves 60 s of grace)."""
+    A fault timed from before then measures the policy's deliberate waits, not the detection (a recovery by the
+    previous test leaves 60 s of grace)."""
     nw = _node_watchdog()
     policy = nw.policy_from_dict(WATCHDOG_POLICY)
-    started = time.monotonic()
 
     def ready() -> bool:
         state = watchdog_state()
@@ -324,16 +327,15 @@ def watchdog_acts_at_once_after(limit: float = 240) -> float:
         return True
 
     assert wait_for(ready, limit, every=2), ("the watchdog did not settle within %d s" % limit, watchdog_state())
-    return time.monotonic() - started
 
 
 def hang_a_rank(node: str = "spark2") -> dict:
     """SIGSTOP the node's Ray worker rank (it hangs without dying); wait for the watchdog to act and for a completion.
     Returns the seconds to detection (the recovery recorded) and to the first completion, the rank's pid, and the
     recovery's record once it ended."""
-    ranks = [pid for pid, name, _text in netns_processes(node) if name.startswith("ray::RayWorker")]
+    ranks = pids_named(node, "ray::RayWorker")
     assert len(ranks) == 1, netns_processes(node)
-    watchdog_acts_at_once_after()
+    wait_until_the_watchdog_acts_at_once()
     completion()
     before = len(watchdog_recoveries())
     hung = time.monotonic()
